@@ -1,0 +1,27 @@
+// Recipes: the binding names of fp4attn's numerics (DESIGN.md, docs/numerics.md).
+#pragma once
+
+#include <string_view>
+
+namespace fp4attn {
+
+enum class Recipe : int {
+  kBf16,       // BF16 operands, exp2 softmax: the reference point
+  kFp8,        // E4M3 Q/K (per 128-token block scales), E4M3 P, E4M3 V (per-channel scales)
+  kNvfp4,      // NVFP4 Q/K, E4M3 P/V: the accurate default
+  kNvfp4Hx,    // NVFP4 Q/K with scale mantissas in {1, 1.25, 1.5}: exact on FP8 tensor cores
+  kMxfp4,      // MXFP4 Q/K (E8M0, exact folding), E4M3 P/V
+  kNvfp4Fast,  // NVFP4 Q/K, E4M3 P from the exp-free direct code map, E4M3 V
+  kNvfp4All,   // NVFP4 Q/K/P/V, P with a fixed global scale
+  kFp4Direct,  // the seed paper: NVFP4 Q/K, MXFP4 P (affine surrogate) and V
+};
+
+constexpr Recipe kAllRecipes[] = {Recipe::kBf16,    Recipe::kFp8,      Recipe::kNvfp4,
+                                  Recipe::kNvfp4Hx, Recipe::kMxfp4,    Recipe::kNvfp4Fast,
+                                  Recipe::kNvfp4All, Recipe::kFp4Direct};
+
+const char* recipe_name(Recipe r);         // "nvfp4-hx", ...
+const char* recipe_summary(Recipe r);      // one line for `fp4attn recipes`
+bool parse_recipe(std::string_view name, Recipe* out);
+
+}  // namespace fp4attn

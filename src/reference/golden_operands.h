@@ -1,0 +1,43 @@
+// Operand preparation of the golden model: for one (batch, head) slice, the values the tensor
+// core multiplies and the factors that turn their products back into real units.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "fp4attn/golden.h"
+
+namespace fp4attn::golden {
+
+// Tokens per FP32 scale of the fp8 recipe's Q and K (one scale for all of head_dim).
+constexpr int64_t kFp8QkBlockTokens = 128;
+
+// A dense row-major [rows, cols] matrix of one head (tokens x head_dim).
+struct HeadMatrix {
+  int64_t rows = 0, cols = 0;
+  std::vector<float> x;
+  float at(int64_t r, int64_t c) const { return x[r * cols + c]; }
+};
+
+// Values the MMA consumes (E4M3 / BF16 values, or exact block-scaled products), row-major like
+// the source matrix, plus a factor per row (Q and K: per token) or per column (V: per channel).
+struct Operand {
+  int64_t rows = 0, cols = 0;
+  std::vector<double> val;
+  std::vector<double> factor;
+};
+
+// Q or K of one head, quantized along head_dim as the recipe says. `tensor_scale` is the static
+// NVFP4 s_enc or 0 to compute it from this slice.
+Operand prepare_qk(const HeadMatrix& m, Recipe recipe, Emulation emu, float tensor_scale);
+
+// V of one head [tokens, head_dim], quantized along tokens (the PV contraction): per-channel
+// FP8 scales, or FP4 blocks along tokens; factor is per channel.
+Operand prepare_v(const HeadMatrix& m, Recipe recipe, Emulation emu, float tensor_scale);
+
+// E4M3 value of x (round to nearest even, satfinite): what folding a scale into FP8 does.
+double round_to_e4m3(double x);
+// BF16 value of x (round to nearest even).
+double round_to_bf16(double x);
+
+}  // namespace fp4attn::golden

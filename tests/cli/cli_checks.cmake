@@ -1,0 +1,42 @@
+# Runs the fp4attn executable (-DFP4ATTN=path) and checks exit codes and messages: bad flags and
+# impossible shapes give a one-line error naming the flag and exit code 2; --help works.
+
+function(expect_run expected_rc expected_text)
+  execute_process(COMMAND ${FP4ATTN} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err)
+  if(NOT rc EQUAL expected_rc)
+    message(FATAL_ERROR "fp4attn ${ARGN}: exit code ${rc}, expected ${expected_rc}\n${out}${err}")
+  endif()
+  string(FIND "${out}${err}" "${expected_text}" pos)
+  if(pos EQUAL -1)
+    message(FATAL_ERROR "fp4attn ${ARGN}: output lacks '${expected_text}':\n${out}${err}")
+  endif()
+  if(expected_rc EQUAL 2)
+    # One line on stderr, nothing on stdout.
+    string(REGEX MATCHALL "\n" lines "${err}")
+    list(LENGTH lines n)
+    if(NOT n EQUAL 1 OR NOT out STREQUAL "")
+      message(FATAL_ERROR "fp4attn ${ARGN}: expected a one-line error, got:\n${out}${err}")
+    endif()
+  endif()
+endfunction()
+
+expect_run(0 "Commands:" --help)
+expect_run(0 "--seqlen-q" run --help)
+expect_run(0 "nvfp4-hx" recipes)
+expect_run(0 "usage: fp4attn recipes" recipes --help)
+expect_run(2 "missing command")
+expect_run(2 "unknown command 'frobnicate'" frobnicate)
+expect_run(2 "unknown flag --bogus" run --bogus)
+expect_run(2 "--head-dim: expected 64 or 128, got 96" run --head-dim 96)
+expect_run(2 "--heads: 6 is not a multiple of --kv-heads 4" run --heads 6 --kv-heads 4)
+expect_run(2 "--heads: expected an integer in [1, 4096], got 'x'" run --heads x)
+expect_run(2 "--seqlen-q: expected an integer" run --seqlen-q -5)
+expect_run(2 "--recipe: unknown recipe 'fp3'" run --recipe fp3)
+expect_run(2 "--input: expected gaussian" run --input pink)
+expect_run(2 "--batch: expected a value" run --batch)
+expect_run(2 "--causal: takes no value" run --causal=yes)
+expect_run(2 "--softmax-scale: expected a value > 0" run --softmax-scale -1)
+expect_run(2 "--emulation: expected folded or exact" run --emulation fast)
+# A small real run prints the accuracy table row of the recipe.
+expect_run(0 "nvfp4" run --heads 1 --seqlen-q 70 --seqlen-k 90 --head-dim 64 --recipe nvfp4 --causal)

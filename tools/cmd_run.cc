@@ -1,0 +1,223 @@
+// `fp4attn run`: seeded inputs from the standard suite, the best available backend, accuracy
+// against float64 (and against the recipe's golden model when the backend is not the golden).
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cli_args.h"
+#include "commands.h"
+#include "fp4attn/golden.h"
+#include "fp4attn/metrics.h"
+#include "fp4attn/reference.h"
+#include "fp4attn/suite.h"
+
+namespace fp4attn::cli {
+namespace {
+
+const std::vector<FlagSpec> kRunFlags = {
+    {"batch", true, "batch size", "1"},
+    {"heads", true, "query heads", "4"},
+    {"kv-heads", true, "key/value heads (GQA when fewer than --heads)", "--heads"},
+    {"seqlen-q", true, "query tokens per sequence", "1024"},
+    {"seqlen-k", true, "key tokens per sequence", "--seqlen-q"},
+    {"head-dim", true, "64 or 128", "128"},
+    {"causal", false, "causal mask aligned bottom-right (FlashAttention's convention)", ""},
+    {"recipe", true, "a recipe name (fp4attn recipes) or 'all'", "all"},
+    {"input", true, "gaussian, outliers, large-logits, near-uniform or 'all'", "gaussian"},
+    {"seed", true, "input seed", "0"},
+    {"softmax-scale", true, "softmax scale", "1/sqrt(head-dim)"},
+    {"smooth-k", false, "subtract the key mean per head before quantizing K", ""},
+    {"emulation", true, "'folded' (Hopper, E4M3 operands) or 'exact' (Blackwell block-scaled)",
+     "folded"},
+    {"backend", true, "'auto' or 'cpu' (the golden model)", "auto"},
+    {"json", true, "also write the results as JSON to this file", ""},
+    {"help", false, "show this help", ""},
+};
+
+struct Problem {
+  int64_t b, h, h_kv, s_q, s_k, d;
+  bool causal;
+  double softmax_scale;
+};
+
+struct Row {
+  std::string recipe, input, backend;
+  ErrorStats vs_f64;
+  double lse_max_err;  // max |LSE - LSE_f64| over rows with keys
+  double p_zero_pct;
+  double ms;
+};
+
+Problem parse_problem(const Args& a) {
+  Problem p{};
+  p.b = a.get_int("batch", 1, 0, 1 << 20);
+  p.h = a.get_int("heads", 4, 1, 4096);
+  p.h_kv = a.get_int("kv-heads", p.h, 1, 4096);
+  p.s_q = a.get_int("seqlen-q", 1024, 0, int64_t(1) << 31);
+  p.s_k = a.get_int("seqlen-k", p.s_q, 0, int64_t(1) << 31);
+  p.d = a.get_int("head-dim", 128, 1, 4096);
+  p.causal = a.has("causal");
+  p.softmax_scale = a.get_double("softmax-scale", 0);
+  if (p.d != 64 && p.d != 128) {
+    throw UsageError("--head-dim: expected 64 or 128, got " + std::to_string(p.d));
+  }
+  if (p.h % p.h_kv != 0) {
+    throw UsageError("--heads: " + std::to_string(p.h) + " is not a multiple of --kv-heads " +
+                     std::to_string(p.h_kv));
+  }
+  if (a.has("softmax-scale") && !(p.softmax_scale > 0)) {
+    throw UsageError("--softmax-scale: expected a value > 0, got " + a.get("softmax-scale", ""));
+  }
+  return p;
+}
+
+std::vector<Recipe> parse_recipes(const Args& a) {
+  const std::string name = a.get("recipe", "all");
+  if (name == "all") return {std::begin(kAllRecipes), std::end(kAllRecipes)};
+  Recipe r;
+  if (!parse_recipe(name, &r)) {
+    throw UsageError("--recipe: unknown recipe '" + name + "' (see fp4attn recipes)");
+  }
+  return {r};
+}
+
+std::vector<InputKind> parse_inputs(const Args& a) {
+  const std::string name = a.get("input", "gaussian");
+  if (name == "all") {
+    return {InputKind::kGaussian, InputKind::kOutlierChannels, InputKind::kLargeLogits,
+            InputKind::kNearUniform};
+  }
+  InputKind k;
+  if (!parse_input_kind(name, &k)) {
+    throw UsageError("--input: expected gaussian, outliers, large-logits, near-uniform or all, got '" +
+                     name + "'");
+  }
+  return {k};
+}
+
+double lse_max_err(const std::vector<double>& lse, const std::vector<double>& ref) {
+  double m = 0;
+  for (size_t i = 0; i < lse.size(); ++i) {
+    if (std::isinf(ref[i]) && lse[i] == ref[i]) continue;  // rows without keys: +inf both
+    m = std::max(m, std::fabs(lse[i] - ref[i]));
+  }
+  return m;
+}
+
+void print_row(const Row& r) {
+  std::printf("%-11s %-13s %-11s %8.5f %8.4f %8.4f %9.3e %9.3e %9.2e %7.2f %9.1f\n",
+              r.recipe.c_str(), r.input.c_str(), r.backend.c_str(), r.vs_f64.cos,
+              r.vs_f64.rel_l2, r.vs_f64.rel_l1, r.vs_f64.rmse, r.vs_f64.max_abs, r.lse_max_err,
+              r.p_zero_pct, r.ms);
+}
+
+void write_json(const std::string& path, const Problem& p, const std::vector<Row>& rows,
+                const std::string& command) {
+  std::ofstream f(path);
+  if (!f) throw UsageError("--json: cannot open '" + path + "' for writing");
+  f << "{\"suite\": \"accuracy\", \"command\": \"" << command << "\",\n \"records\": [";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    char buf[768];
+    std::snprintf(buf, sizeof buf,
+                  "%s\n  {\"recipe\": \"%s\", \"input\": \"%s\", \"backend\": \"%s\", \"b\": %lld, "
+                  "\"h\": %lld, \"h_kv\": %lld, \"s_q\": %lld, \"s_k\": %lld, \"d\": %lld, "
+                  "\"causal\": %s, \"cos\": %.6f, \"rel_l2\": %.6f, \"rel_l1\": %.6f, "
+                  "\"rmse\": %.6e, \"max_abs\": %.6e, \"lse_max_err\": %.6e, "
+                  "\"p_zero_pct\": %.4f, \"nan_mismatch\": %lld, \"inf_mismatch\": %lld, "
+                  "\"ms\": %.3f}",
+                  i ? "," : "", r.recipe.c_str(), r.input.c_str(), r.backend.c_str(),
+                  (long long)p.b, (long long)p.h, (long long)p.h_kv, (long long)p.s_q,
+                  (long long)p.s_k, (long long)p.d, p.causal ? "true" : "false", r.vs_f64.cos,
+                  r.vs_f64.rel_l2, r.vs_f64.rel_l1, r.vs_f64.rmse, r.vs_f64.max_abs,
+                  r.lse_max_err, r.p_zero_pct, (long long)r.vs_f64.nan_mismatch,
+                  (long long)r.vs_f64.inf_mismatch, r.ms);
+    f << buf;
+  }
+  f << "\n]}\n";
+}
+
+}  // namespace
+
+int cmd_run(const std::vector<std::string>& argv) {
+  const Args a(argv, kRunFlags);
+  if (a.has("help")) {
+    std::printf("%s", format_help("usage: fp4attn run [flags]\n\nRuns attention on seeded inputs "
+                                  "and prints its accuracy against float64.",
+                                  kRunFlags)
+                          .c_str());
+    return 0;
+  }
+  const Problem p = parse_problem(a);
+  const std::vector<Recipe> recipes = parse_recipes(a);
+  const std::vector<InputKind> inputs = parse_inputs(a);
+  const auto seed = static_cast<uint64_t>(a.get_int("seed", 0, 0, INT64_MAX));
+  const std::string emu = a.get("emulation", "folded");
+  if (emu != "folded" && emu != "exact") {
+    throw UsageError("--emulation: expected folded or exact, got '" + emu + "'");
+  }
+  const std::string backend = a.get("backend", "auto");
+  if (backend != "auto" && backend != "cpu") {
+    throw UsageError("--backend: expected auto or cpu, got '" + backend + "'");
+  }
+
+  std::printf("fp4attn run: b=%lld h=%lld h_kv=%lld s_q=%lld s_k=%lld d=%lld %s, seed %llu\n",
+              (long long)p.b, (long long)p.h, (long long)p.h_kv, (long long)p.s_q,
+              (long long)p.s_k, (long long)p.d, p.causal ? "causal" : "non-causal",
+              (unsigned long long)seed);
+  std::printf("backend: cpu-golden (this build has no GPU kernels yet; the golden model defines "
+              "each recipe)\n");
+  std::printf("errors against float64 attention of the same inputs\n\n");
+  std::printf("%-11s %-13s %-11s %8s %8s %8s %9s %9s %9s %7s %9s\n", "recipe", "input",
+              "backend", "cos", "rel_l2", "rel_l1", "rmse", "max_abs", "lse_err", "p_zero%",
+              "ms");
+
+  std::vector<Row> rows;
+  for (InputKind kind : inputs) {
+    SuiteInputs in = make_inputs(kind, p.b, p.s_q, p.s_k, p.h, p.h_kv, p.d, seed);
+    TensorView q = make_view(in.q.data(), DType::kF32, {p.b, p.s_q, p.h, p.d});
+    TensorView k = make_view(in.k.data(), DType::kF32, {p.b, p.s_k, p.h_kv, p.d});
+    TensorView v = make_view(in.v.data(), DType::kF32, {p.b, p.s_k, p.h_kv, p.d});
+    std::vector<double> o_ref(p.b * p.s_q * p.h * p.d), lse_ref(p.b * p.h * p.s_q);
+    TensorView o_ref_v = make_view(o_ref.data(), DType::kF64, {p.b, p.s_q, p.h, p.d});
+    TensorView lse_ref_v = make_view(lse_ref.data(), DType::kF64, {p.b, p.h, p.s_q});
+    AttentionOptions ref_opt{p.softmax_scale, p.causal};
+    Status st = reference_attention_forward(q, k, v, ref_opt, o_ref_v, lse_ref_v);
+    if (!st.ok()) throw UsageError(st.message());
+
+    for (Recipe r : recipes) {
+      RecipeOptions opt;
+      opt.recipe = r;
+      opt.softmax_scale = p.softmax_scale;
+      opt.causal = p.causal;
+      opt.smooth_k = a.has("smooth-k");
+      opt.emulation = emu == "exact" ? Emulation::kBlockScaledExact : Emulation::kFoldedE4M3;
+      std::vector<double> o(o_ref.size()), lse(lse_ref.size());
+      RecipeStats stats;
+      const auto t0 = std::chrono::steady_clock::now();
+      st = golden_attention_forward(q, k, v, opt, make_view(o.data(), DType::kF64, {p.b, p.s_q, p.h, p.d}),
+                                    make_view(lse.data(), DType::kF64, {p.b, p.h, p.s_q}), &stats);
+      const auto t1 = std::chrono::steady_clock::now();
+      if (!st.ok()) throw UsageError(st.message());
+      Row row{recipe_name(r), input_kind_name(kind), "cpu-golden",
+              compare(o.data(), o_ref.data(), static_cast<int64_t>(o.size())),
+              lse_max_err(lse, lse_ref),
+              stats.p_elements ? 100.0 * stats.p_zero / stats.p_elements : 0.0,
+              std::chrono::duration<double, std::milli>(t1 - t0).count()};
+      print_row(row);
+      std::fflush(stdout);
+      rows.push_back(row);
+    }
+  }
+  if (a.has("json")) {
+    std::string command = "fp4attn run";
+    for (const std::string& s : argv) command += " " + s;
+    write_json(a.get("json", ""), p, rows, command);
+  }
+  return 0;
+}
+
+}  // namespace fp4attn::cli

@@ -1,0 +1,59 @@
+// fp4attn: command-line front end (run, recipes).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli_args.h"
+#include "commands.h"
+#include "fp4attn/recipe.h"
+
+namespace fp4attn::cli {
+
+int cmd_recipes(const std::vector<std::string>& argv) {
+  const std::vector<FlagSpec> flags = {{"help", false, "show this help", ""}};
+  const Args a(argv, flags);
+  if (a.has("help")) {
+    std::printf("%s", format_help("usage: fp4attn recipes\n\nLists the numerics recipes.", flags)
+                          .c_str());
+    return 0;
+  }
+  for (Recipe r : kAllRecipes) std::printf("%-11s %s\n", recipe_name(r), recipe_summary(r));
+  return 0;
+}
+
+}  // namespace fp4attn::cli
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: fp4attn <command> [flags]\n\n"
+    "Commands:\n"
+    "  run       attention on seeded inputs; accuracy against float64 and time\n"
+    "  recipes   list the numerics recipes\n\n"
+    "fp4attn <command> --help shows a command's flags.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace fp4attn::cli;
+  if (argc < 2) {
+    std::fprintf(stderr, "fp4attn: missing command (run, recipes); see fp4attn --help\n");
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  const std::vector<std::string> rest(argv + 2, argv + argc);
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    std::printf("%s", kUsage);
+    return 0;
+  }
+  try {
+    if (cmd == "run") return cmd_run(rest);
+    if (cmd == "recipes") return cmd_recipes(rest);
+    std::fprintf(stderr, "fp4attn: unknown command '%s' (run, recipes); see fp4attn --help\n",
+                 cmd.c_str());
+    return 2;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "fp4attn %s: %s\n", cmd.c_str(), e.what());
+    return 2;
+  }
+}
