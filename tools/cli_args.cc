@@ -47,8 +47,7 @@ int64_t Args::get_int(const std::string& name, int64_t fallback, int64_t lo, int
   long long v = std::strtoll(s.c_str(), &end, 10);
   if (s.empty() || *end != '\0' || errno != 0 || v < lo || v > hi) {
     std::ostringstream m;
-    m << "--" << name << ": expected an integer in [" << lo << ", " << hi << "], got '" << s
-      << "'";
+    m << "--" << name << ": expected an integer in [" << lo << ", " << hi << "], got '" << s << "'";
     throw UsageError(m.str());
   }
   return v;

@@ -92,8 +92,9 @@ std::vector<InputKind> parse_inputs(const Args& a) {
   }
   InputKind k;
   if (!parse_input_kind(name, &k)) {
-    throw UsageError("--input: expected gaussian, outliers, large-logits, near-uniform or all, got '" +
-                     name + "'");
+    throw UsageError(
+        "--input: expected gaussian, outliers, large-logits, near-uniform or all, got '" + name +
+        "'");
   }
   return {k};
 }
@@ -109,9 +110,8 @@ double lse_max_err(const std::vector<double>& lse, const std::vector<double>& re
 
 void print_row(const Row& r) {
   std::printf("%-11s %-13s %-11s %8.5f %8.4f %8.4f %9.3e %9.3e %9.2e %7.2f %9.1f\n",
-              r.recipe.c_str(), r.input.c_str(), r.backend.c_str(), r.vs_f64.cos,
-              r.vs_f64.rel_l2, r.vs_f64.rel_l1, r.vs_f64.rmse, r.vs_f64.max_abs, r.lse_max_err,
-              r.p_zero_pct, r.ms);
+              r.recipe.c_str(), r.input.c_str(), r.backend.c_str(), r.vs_f64.cos, r.vs_f64.rel_l2,
+              r.vs_f64.rel_l1, r.vs_f64.rmse, r.vs_f64.max_abs, r.lse_max_err, r.p_zero_pct, r.ms);
 }
 
 void write_json(const std::string& path, const Problem& p, const std::vector<Row>& rows,
@@ -132,9 +132,9 @@ void write_json(const std::string& path, const Problem& p, const std::vector<Row
                   i ? "," : "", r.recipe.c_str(), r.input.c_str(), r.backend.c_str(),
                   (long long)p.b, (long long)p.h, (long long)p.h_kv, (long long)p.s_q,
                   (long long)p.s_k, (long long)p.d, p.causal ? "true" : "false", r.vs_f64.cos,
-                  r.vs_f64.rel_l2, r.vs_f64.rel_l1, r.vs_f64.rmse, r.vs_f64.max_abs,
-                  r.lse_max_err, r.p_zero_pct, (long long)r.vs_f64.nan_mismatch,
-                  (long long)r.vs_f64.inf_mismatch, r.ms);
+                  r.vs_f64.rel_l2, r.vs_f64.rel_l1, r.vs_f64.rmse, r.vs_f64.max_abs, r.lse_max_err,
+                  r.p_zero_pct, (long long)r.vs_f64.nan_mismatch, (long long)r.vs_f64.inf_mismatch,
+                  r.ms);
     f << buf;
   }
   f << "\n]}\n";
@@ -165,15 +165,14 @@ int cmd_run(const std::vector<std::string>& argv) {
   }
 
   std::printf("fp4attn run: b=%lld h=%lld h_kv=%lld s_q=%lld s_k=%lld d=%lld %s, seed %llu\n",
-              (long long)p.b, (long long)p.h, (long long)p.h_kv, (long long)p.s_q,
-              (long long)p.s_k, (long long)p.d, p.causal ? "causal" : "non-causal",
-              (unsigned long long)seed);
-  std::printf("backend: cpu-golden (this build has no GPU kernels yet; the golden model defines "
-              "each recipe)\n");
+              (long long)p.b, (long long)p.h, (long long)p.h_kv, (long long)p.s_q, (long long)p.s_k,
+              (long long)p.d, p.causal ? "causal" : "non-causal", (unsigned long long)seed);
+  std::printf(
+      "backend: cpu-golden (this build has no GPU kernels yet; the golden model defines "
+      "each recipe)\n");
   std::printf("errors against float64 attention of the same inputs\n\n");
-  std::printf("%-11s %-13s %-11s %8s %8s %8s %9s %9s %9s %7s %9s\n", "recipe", "input",
-              "backend", "cos", "rel_l2", "rel_l1", "rmse", "max_abs", "lse_err", "p_zero%",
-              "ms");
+  std::printf("%-11s %-13s %-11s %8s %8s %8s %9s %9s %9s %7s %9s\n", "recipe", "input", "backend",
+              "cos", "rel_l2", "rel_l1", "rmse", "max_abs", "lse_err", "p_zero%", "ms");
 
   std::vector<Row> rows;
   for (InputKind kind : inputs) {
@@ -198,11 +197,14 @@ int cmd_run(const std::vector<std::string>& argv) {
       std::vector<double> o(o_ref.size()), lse(lse_ref.size());
       RecipeStats stats;
       const auto t0 = std::chrono::steady_clock::now();
-      st = golden_attention_forward(q, k, v, opt, make_view(o.data(), DType::kF64, {p.b, p.s_q, p.h, p.d}),
+      st = golden_attention_forward(q, k, v, opt,
+                                    make_view(o.data(), DType::kF64, {p.b, p.s_q, p.h, p.d}),
                                     make_view(lse.data(), DType::kF64, {p.b, p.h, p.s_q}), &stats);
       const auto t1 = std::chrono::steady_clock::now();
       if (!st.ok()) throw UsageError(st.message());
-      Row row{recipe_name(r), input_kind_name(kind), "cpu-golden",
+      Row row{recipe_name(r),
+              input_kind_name(kind),
+              "cpu-golden",
               compare(o.data(), o_ref.data(), static_cast<int64_t>(o.size())),
               lse_max_err(lse, lse_ref),
               stats.p_elements ? 100.0 * stats.p_zero / stats.p_elements : 0.0,

@@ -13,8 +13,8 @@ int cmd_recipes(const std::vector<std::string>& argv) {
   const std::vector<FlagSpec> flags = {{"help", false, "show this help", ""}};
   const Args a(argv, flags);
   if (a.has("help")) {
-    std::printf("%s", format_help("usage: fp4attn recipes\n\nLists the numerics recipes.", flags)
-                          .c_str());
+    std::printf(
+        "%s", format_help("usage: fp4attn recipes\n\nLists the numerics recipes.", flags).c_str());
     return 0;
   }
   for (Recipe r : kAllRecipes) std::printf("%-11s %s\n", recipe_name(r), recipe_summary(r));

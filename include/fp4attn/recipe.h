@@ -16,12 +16,12 @@ enum class Recipe : int {
   kFp4Direct,  // the seed paper: NVFP4 Q/K, MXFP4 P (affine surrogate) and V
 };
 
-constexpr Recipe kAllRecipes[] = {Recipe::kBf16,    Recipe::kFp8,      Recipe::kNvfp4,
-                                  Recipe::kNvfp4Hx, Recipe::kMxfp4,    Recipe::kNvfp4Fast,
+constexpr Recipe kAllRecipes[] = {Recipe::kBf16,     Recipe::kFp8,      Recipe::kNvfp4,
+                                  Recipe::kNvfp4Hx,  Recipe::kMxfp4,    Recipe::kNvfp4Fast,
                                   Recipe::kNvfp4All, Recipe::kFp4Direct};
 
-const char* recipe_name(Recipe r);         // "nvfp4-hx", ...
-const char* recipe_summary(Recipe r);      // one line for `fp4attn recipes`
+const char* recipe_name(Recipe r);     // "nvfp4-hx", ...
+const char* recipe_summary(Recipe r);  // one line for `fp4attn recipes`
 bool parse_recipe(std::string_view name, Recipe* out);
 
 }  // namespace fp4attn

@@ -24,10 +24,10 @@ class Status {
 };
 
 // Returns from the enclosing function when `expr` is an error Status.
-#define FP4ATTN_RETURN_IF_ERROR(expr)       \
-  do {                                      \
-    ::fp4attn::Status _st = (expr);         \
-    if (!_st.ok()) return _st;              \
+#define FP4ATTN_RETURN_IF_ERROR(expr) \
+  do {                                \
+    ::fp4attn::Status _st = (expr);   \
+    if (!_st.ok()) return _st;        \
   } while (0)
 
 }  // namespace fp4attn

@@ -11,28 +11,40 @@ namespace fp4attn {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kF64: return "float64";
-    case DType::kF32: return "float32";
-    case DType::kBF16: return "bfloat16";
-    case DType::kF16: return "float16";
-    case DType::kU8: return "uint8";
-    case DType::kE4M3: return "float8_e4m3fn";
-    case DType::kE5M2: return "float8_e5m2";
-    case DType::kI32: return "int32";
+    case DType::kF64:
+      return "float64";
+    case DType::kF32:
+      return "float32";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    case DType::kU8:
+      return "uint8";
+    case DType::kE4M3:
+      return "float8_e4m3fn";
+    case DType::kE5M2:
+      return "float8_e5m2";
+    case DType::kI32:
+      return "int32";
   }
   return "unknown";
 }
 
 int dtype_size(DType t) {
   switch (t) {
-    case DType::kF64: return 8;
+    case DType::kF64:
+      return 8;
     case DType::kF32:
-    case DType::kI32: return 4;
+    case DType::kI32:
+      return 4;
     case DType::kBF16:
-    case DType::kF16: return 2;
+    case DType::kF16:
+      return 2;
     case DType::kU8:
     case DType::kE4M3:
-    case DType::kE5M2: return 1;
+    case DType::kE5M2:
+      return 1;
   }
   return 0;
 }
@@ -86,25 +98,35 @@ TensorView make_strided_view(void* data, DType dtype, std::initializer_list<int6
 
 double load_as_double(const TensorView& t, int64_t offset) {
   switch (t.dtype) {
-    case DType::kF64: return static_cast<const double*>(t.data)[offset];
-    case DType::kF32: return static_cast<const float*>(t.data)[offset];
-    case DType::kBF16: return bf16_bits_to_float(static_cast<const uint16_t*>(t.data)[offset]);
-    case DType::kF16: return f16_bits_to_float(static_cast<const uint16_t*>(t.data)[offset]);
-    default: return std::nan("");
+    case DType::kF64:
+      return static_cast<const double*>(t.data)[offset];
+    case DType::kF32:
+      return static_cast<const float*>(t.data)[offset];
+    case DType::kBF16:
+      return bf16_bits_to_float(static_cast<const uint16_t*>(t.data)[offset]);
+    case DType::kF16:
+      return f16_bits_to_float(static_cast<const uint16_t*>(t.data)[offset]);
+    default:
+      return std::nan("");
   }
 }
 
 void store_from_double(const TensorView& t, int64_t offset, double value) {
   switch (t.dtype) {
-    case DType::kF64: static_cast<double*>(t.data)[offset] = value; break;
-    case DType::kF32: static_cast<float*>(t.data)[offset] = static_cast<float>(value); break;
+    case DType::kF64:
+      static_cast<double*>(t.data)[offset] = value;
+      break;
+    case DType::kF32:
+      static_cast<float*>(t.data)[offset] = static_cast<float>(value);
+      break;
     case DType::kBF16:
       static_cast<uint16_t*>(t.data)[offset] = float_to_bf16_bits(static_cast<float>(value));
       break;
     case DType::kF16:
       static_cast<uint16_t*>(t.data)[offset] = float_to_f16_bits(static_cast<float>(value));
       break;
-    default: break;
+    default:
+      break;
   }
 }
 

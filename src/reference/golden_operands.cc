@@ -35,9 +35,12 @@ float slice_amax(const std::vector<float>& x) {
 // Gaussian inputs, docs/decisions.md).
 Nvfp4ScaleRule nvfp4_rule(Recipe r) {
   switch (r) {
-    case Recipe::kNvfp4Hx: return Nvfp4ScaleRule::kRestricted;
-    case Recipe::kFp4Direct: return Nvfp4ScaleRule::kNearest;
-    default: return Nvfp4ScaleRule::kFourOverSix;
+    case Recipe::kNvfp4Hx:
+      return Nvfp4ScaleRule::kRestricted;
+    case Recipe::kFp4Direct:
+      return Nvfp4ScaleRule::kNearest;
+    default:
+      return Nvfp4ScaleRule::kFourOverSix;
   }
 }
 
@@ -47,8 +50,7 @@ Operand nvfp4_operand(const HeadMatrix& m, Nvfp4ScaleRule rule, Emulation emu, f
   if (s_enc == 0.f) s_enc = nvfp4_tensor_scale(slice_amax(m.x), rule);
   const int64_t sf_cols = (m.cols + kNvfp4Block - 1) / kNvfp4Block;
   std::vector<uint8_t> codes(m.rows * m.cols), scales(m.rows * sf_cols);
-  nvfp4_quantize_rows(m.x.data(), m.rows, m.cols, m.cols, s_enc, rule, codes.data(),
-                      scales.data());
+  nvfp4_quantize_rows(m.x.data(), m.rows, m.cols, m.cols, s_enc, rule, codes.data(), scales.data());
   const bool fold = emu == Emulation::kFoldedE4M3;
   Operand op{m.rows, m.cols, std::vector<double>(m.rows * m.cols), {}};
   for (int64_t r = 0; r < m.rows; ++r) {
@@ -111,8 +113,8 @@ Operand fp8_row_block_operand(const HeadMatrix& m, int64_t block_rows) {
   std::vector<uint8_t> codes(block_rows * m.cols);
   for (int64_t r0 = 0; r0 < m.rows; r0 += block_rows) {
     const int64_t n_rows = std::min(block_rows, m.rows - r0);
-    const float scale = fp8_quantize_block(&m.x[r0 * m.cols], static_cast<int>(n_rows * m.cols),
-                                           1, Fp8Format::kE4M3, codes.data());
+    const float scale = fp8_quantize_block(&m.x[r0 * m.cols], static_cast<int>(n_rows * m.cols), 1,
+                                           Fp8Format::kE4M3, codes.data());
     for (int64_t i = 0; i < n_rows * m.cols; ++i) {
       op.val[r0 * m.cols + i] = e4m3_to_float(codes[i]);
     }
@@ -179,22 +181,28 @@ double round_to_bf16(double x) {
 
 Operand prepare_qk(const HeadMatrix& m, Recipe recipe, Emulation emu, float tensor_scale) {
   switch (recipe) {
-    case Recipe::kBf16: return bf16_operand(m, m.rows);
-    case Recipe::kFp8: return fp8_row_block_operand(m, kFp8QkBlockTokens);
-    case Recipe::kMxfp4: return mxfp4_operand(m, MxScaleRule::kRoundUp, emu);
-    default: return nvfp4_operand(m, nvfp4_rule(recipe), emu, tensor_scale);
+    case Recipe::kBf16:
+      return bf16_operand(m, m.rows);
+    case Recipe::kFp8:
+      return fp8_row_block_operand(m, kFp8QkBlockTokens);
+    case Recipe::kMxfp4:
+      return mxfp4_operand(m, MxScaleRule::kRoundUp, emu);
+    default:
+      return nvfp4_operand(m, nvfp4_rule(recipe), emu, tensor_scale);
   }
 }
 
 Operand prepare_v(const HeadMatrix& m, Recipe recipe, Emulation emu, float tensor_scale) {
   switch (recipe) {
-    case Recipe::kBf16: return bf16_operand(m, m.cols);
+    case Recipe::kBf16:
+      return bf16_operand(m, m.cols);
     case Recipe::kNvfp4All: {
       // NVFP4 along tokens: quantize V^T row-wise, then back to [tokens, d].
       Operand t = nvfp4_operand(transposed(m), Nvfp4ScaleRule::kNearest, emu, tensor_scale);
       return transposed(t);
     }
-    case Recipe::kFp4Direct: return direct_v_operand(m, emu);
+    case Recipe::kFp4Direct:
+      return direct_v_operand(m, emu);
     default: {
       // FP8 E4M3 with one scale per channel over all tokens of the head.
       Operand op{m.rows, m.cols, std::vector<double>(m.x.size()), std::vector<double>(m.cols)};

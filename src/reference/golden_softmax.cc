@@ -67,8 +67,8 @@ RowP fast_p(const std::vector<double>& z, int64_t n) {
     if (std::isnan(z[j])) {
       r.p[j] = kNaN;
     } else {
-      const double code = std::clamp(std::nearbyint(8 * (z[j] - m)) + kFastTopCode, 0.0,
-                                     double(kFastTopCode));
+      const double code =
+          std::clamp(std::nearbyint(8 * (z[j] - m)) + kFastTopCode, 0.0, double(kFastTopCode));
       r.p[j] = e4m3_to_float(static_cast<uint8_t>(code));
     }
     r.l += r.p[j];  // the denominator sums the same rounded P
@@ -91,8 +91,8 @@ RowP nvfp4_all_p(const std::vector<double>& z, int64_t n, Emulation emu) {
       pf[i] = static_cast<float>(e);
       r.l += e;  // unrounded, as the hao-ai-lab kernel sums its row
     }
-    const uint8_t sc = nvfp4_quantize_block(pf, len, kNvfp4AllPScale, Nvfp4ScaleRule::kNearest,
-                                            codes);
+    const uint8_t sc =
+        nvfp4_quantize_block(pf, len, kNvfp4AllPScale, Nvfp4ScaleRule::kNearest, codes);
     const double scale = e4m3_to_float(sc);
     for (int i = 0; i < len; ++i) {
       const double prod = e2m1_to_float(codes[i]) * scale;
@@ -149,11 +149,21 @@ double integer_row_max(const std::vector<double>& z, int64_t n) {
 RowP make_row_p(const std::vector<double>& z, int64_t n, const RecipeOptions& opt) {
   RowP r;
   switch (opt.recipe) {
-    case Recipe::kBf16: r = bf16_p(z, n); break;
-    case Recipe::kNvfp4Fast: r = fast_p(z, n); break;
-    case Recipe::kNvfp4All: r = nvfp4_all_p(z, n, opt.emulation); break;
-    case Recipe::kFp4Direct: r = direct_p(z, n, opt.emulation); break;
-    default: r = fp8_exp2_p(z, n); break;
+    case Recipe::kBf16:
+      r = bf16_p(z, n);
+      break;
+    case Recipe::kNvfp4Fast:
+      r = fast_p(z, n);
+      break;
+    case Recipe::kNvfp4All:
+      r = nvfp4_all_p(z, n, opt.emulation);
+      break;
+    case Recipe::kFp4Direct:
+      r = direct_p(z, n, opt.emulation);
+      break;
+    default:
+      r = fp8_exp2_p(z, n);
+      break;
   }
   for (double p : r.p) r.zeros += (p == 0);
   return r;

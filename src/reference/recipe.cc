@@ -4,14 +4,22 @@ namespace fp4attn {
 
 const char* recipe_name(Recipe r) {
   switch (r) {
-    case Recipe::kBf16: return "bf16";
-    case Recipe::kFp8: return "fp8";
-    case Recipe::kNvfp4: return "nvfp4";
-    case Recipe::kNvfp4Hx: return "nvfp4-hx";
-    case Recipe::kMxfp4: return "mxfp4";
-    case Recipe::kNvfp4Fast: return "nvfp4-fast";
-    case Recipe::kNvfp4All: return "nvfp4-all";
-    case Recipe::kFp4Direct: return "fp4-direct";
+    case Recipe::kBf16:
+      return "bf16";
+    case Recipe::kFp8:
+      return "fp8";
+    case Recipe::kNvfp4:
+      return "nvfp4";
+    case Recipe::kNvfp4Hx:
+      return "nvfp4-hx";
+    case Recipe::kMxfp4:
+      return "mxfp4";
+    case Recipe::kNvfp4Fast:
+      return "nvfp4-fast";
+    case Recipe::kNvfp4All:
+      return "nvfp4-all";
+    case Recipe::kFp4Direct:
+      return "fp4-direct";
   }
   return "unknown";
 }

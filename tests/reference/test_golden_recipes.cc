@@ -28,20 +28,19 @@ struct Problem {
   bool causal = false;
 };
 
-SuiteInputs inputs_for(const Problem& p, InputKind kind = InputKind::kGaussian,
-                       uint64_t seed = 7) {
+SuiteInputs inputs_for(const Problem& p, InputKind kind = InputKind::kGaussian, uint64_t seed = 7) {
   return make_inputs(kind, p.b, p.s_q, p.s_k, p.h, p.h_kv, p.d, seed);
 }
 
 Result run_golden(const Problem& p, SuiteInputs& in, RecipeOptions opt) {
   Result r{std::vector<double>(p.b * p.s_q * p.h * p.d), std::vector<double>(p.b * p.h * p.s_q)};
   opt.causal = p.causal;
-  Status st = golden_attention_forward(
-      make_view(in.q.data(), DType::kF32, {p.b, p.s_q, p.h, p.d}),
-      make_view(in.k.data(), DType::kF32, {p.b, p.s_k, p.h_kv, p.d}),
-      make_view(in.v.data(), DType::kF32, {p.b, p.s_k, p.h_kv, p.d}), opt,
-      make_view(r.o.data(), DType::kF64, {p.b, p.s_q, p.h, p.d}),
-      make_view(r.lse.data(), DType::kF64, {p.b, p.h, p.s_q}));
+  Status st =
+      golden_attention_forward(make_view(in.q.data(), DType::kF32, {p.b, p.s_q, p.h, p.d}),
+                               make_view(in.k.data(), DType::kF32, {p.b, p.s_k, p.h_kv, p.d}),
+                               make_view(in.v.data(), DType::kF32, {p.b, p.s_k, p.h_kv, p.d}), opt,
+                               make_view(r.o.data(), DType::kF64, {p.b, p.s_q, p.h, p.d}),
+                               make_view(r.lse.data(), DType::kF64, {p.b, p.h, p.s_q}));
   EXPECT_TRUE(st.ok()) << st.message();
   return r;
 }
@@ -68,14 +67,22 @@ RecipeOptions options(Recipe r) {
 // (docs/numerics.md has the measured table).
 double max_rel_l2(Recipe r) {
   switch (r) {
-    case Recipe::kBf16: return 0.01;
-    case Recipe::kFp8: return 0.06;
-    case Recipe::kNvfp4: return 0.21;
-    case Recipe::kNvfp4Hx: return 0.23;
-    case Recipe::kMxfp4: return 0.25;
-    case Recipe::kNvfp4Fast: return 0.21;
-    case Recipe::kNvfp4All: return 0.30;
-    case Recipe::kFp4Direct: return 0.45;
+    case Recipe::kBf16:
+      return 0.01;
+    case Recipe::kFp8:
+      return 0.06;
+    case Recipe::kNvfp4:
+      return 0.21;
+    case Recipe::kNvfp4Hx:
+      return 0.23;
+    case Recipe::kMxfp4:
+      return 0.25;
+    case Recipe::kNvfp4Fast:
+      return 0.21;
+    case Recipe::kNvfp4All:
+      return 0.30;
+    case Recipe::kFp4Direct:
+      return 0.45;
   }
   return 0;
 }
@@ -84,10 +91,14 @@ double max_rel_l2(Recipe r) {
 // these bounds is measured); a wrong lift or offset would miss by ln(2^8) = 5.5.
 double max_lse_err(Recipe r) {
   switch (r) {
-    case Recipe::kBf16: return 1e-3;
-    case Recipe::kFp8: return 0.05;
-    case Recipe::kFp4Direct: return 0.6;
-    default: return 0.25;
+    case Recipe::kBf16:
+      return 1e-3;
+    case Recipe::kFp8:
+      return 0.05;
+    case Recipe::kFp4Direct:
+      return 0.6;
+    default:
+      return 0.25;
   }
 }
 
@@ -215,13 +226,13 @@ TEST_P(EveryRecipe, StridedBhsdInputsGiveTheSameResult) {
         q_bhsd[(h * p.s_q + s) * p.d + c] = in.q[(s * p.h + h) * p.d + c];
   std::vector<double> o(bshd.o.size()), lse(bshd.lse.size());
   RecipeOptions opt = options(GetParam());
-  Status st = golden_attention_forward(
-      make_strided_view(q_bhsd.data(), DType::kF32, {1, p.s_q, p.h, p.d},
-                        {p.h * p.s_q * p.d, p.d, p.s_q * p.d, 1}),
-      make_view(in.k.data(), DType::kF32, {1, p.s_k, p.h_kv, p.d}),
-      make_view(in.v.data(), DType::kF32, {1, p.s_k, p.h_kv, p.d}), opt,
-      make_view(o.data(), DType::kF64, {1, p.s_q, p.h, p.d}),
-      make_view(lse.data(), DType::kF64, {1, p.h, p.s_q}));
+  Status st =
+      golden_attention_forward(make_strided_view(q_bhsd.data(), DType::kF32, {1, p.s_q, p.h, p.d},
+                                                 {p.h * p.s_q * p.d, p.d, p.s_q * p.d, 1}),
+                               make_view(in.k.data(), DType::kF32, {1, p.s_k, p.h_kv, p.d}),
+                               make_view(in.v.data(), DType::kF32, {1, p.s_k, p.h_kv, p.d}), opt,
+                               make_view(o.data(), DType::kF64, {1, p.s_q, p.h, p.d}),
+                               make_view(lse.data(), DType::kF64, {1, p.h, p.s_q}));
   ASSERT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(o, bshd.o);
   EXPECT_EQ(lse, bshd.lse);
@@ -271,14 +282,13 @@ TEST(GoldenValidation, RejectsUnsupportedHeadDimAndBadScales) {
   auto run = [&](const RecipeOptions& opt) {
     return golden_attention_forward(make_view(in.q.data(), DType::kF32, {1, p.s_q, p.h, p.d}),
                                     make_view(in.k.data(), DType::kF32, {1, p.s_k, p.h, p.d}),
-                                    make_view(in.v.data(), DType::kF32, {1, p.s_k, p.h, p.d}),
-                                    opt, make_view(o.data(), DType::kF64, {1, p.s_q, p.h, p.d}),
+                                    make_view(in.v.data(), DType::kF32, {1, p.s_k, p.h, p.d}), opt,
+                                    make_view(o.data(), DType::kF64, {1, p.s_q, p.h, p.d}),
                                     TensorView{});
   };
   Status st = run(options(Recipe::kNvfp4));
   ASSERT_FALSE(st.ok());
-  EXPECT_NE(st.message().find("head_dim 96 is not supported"), std::string::npos)
-      << st.message();
+  EXPECT_NE(st.message().find("head_dim 96 is not supported"), std::string::npos) << st.message();
 
   p.d = 64;
   in = inputs_for(p);
@@ -332,6 +342,46 @@ TEST(GoldenSoftmax, ExpFreeDenominatorsSumTheRoundedP) {
   for (double p : fp8.p) pmax = std::max(pmax, p);
   EXPECT_GT(pmax, 128);
   EXPECT_LE(pmax, 256);
+}
+
+}  // namespace
+}  // namespace fp4attn
+
+namespace fp4attn {
+namespace {
+
+// Logits above 100 (attention sinks): the integer row reference keeps every recipe finite
+// without a guard (fp4-direct's paper needed one past 500 with its shiftless reference).
+TEST(GoldenSuite, LargeLogitsStayFinite) {
+  Problem p;
+  p.d = 128;
+  p.s_k = 600;
+  SuiteInputs in = inputs_for(p, InputKind::kLargeLogits);
+  for (Recipe r : kAllRecipes) {
+    Result got = run_golden(p, in, options(r));
+    for (double x : got.o) ASSERT_TRUE(std::isfinite(x)) << recipe_name(r);
+    for (double x : got.lse) ASSERT_TRUE(std::isfinite(x)) << recipe_name(r);
+  }
+}
+
+// Outlier channels with a large key mean: K smoothing is what makes the quantized recipes
+// usable there (numerics.md §6): with it, fp8 and nvfp4 reach these bounds, without it not.
+TEST(GoldenSuite, KSmoothingRescuesOutlierChannels) {
+  Problem p;
+  p.d = 128;
+  p.s_q = 128;
+  p.s_k = 256;
+  SuiteInputs in = inputs_for(p, InputKind::kOutlierChannels);
+  Result ref = run_f64(p, in);
+  for (auto [r, bound] : {std::pair{Recipe::kFp8, 0.2}, std::pair{Recipe::kNvfp4, 0.4}}) {
+    RecipeOptions plain = options(r), smooth = options(r);
+    smooth.smooth_k = true;
+    Result a = run_golden(p, in, plain), b = run_golden(p, in, smooth);
+    const double e_plain = compare(a.o.data(), ref.o.data(), a.o.size()).rel_l2;
+    const double e_smooth = compare(b.o.data(), ref.o.data(), b.o.size()).rel_l2;
+    EXPECT_LT(e_smooth, bound) << recipe_name(r);
+    EXPECT_GT(e_plain, 1.5 * e_smooth) << recipe_name(r);
+  }
 }
 
 }  // namespace
