@@ -18,36 +18,6 @@ namespace {
 using golden::HeadMatrix;
 using golden::Operand;
 
-// One (batch, head) of a BSHD tensor as a dense [tokens, d] FP32 matrix.
-HeadMatrix gather_head(const TensorView& t, int64_t b, int64_t h) {
-  HeadMatrix m{t.shape[1], t.shape[3], {}};
-  m.x.resize(m.rows * m.cols);
-  for (int64_t s = 0; s < m.rows; ++s) {
-    const int64_t base = b * t.stride[0] + s * t.stride[1] + h * t.stride[2];
-    for (int64_t c = 0; c < m.cols; ++c) {
-      m.x[s * m.cols + c] = static_cast<float>(load_as_double(t, base + c * t.stride[3]));
-    }
-  }
-  return m;
-}
-
-// Subtracts the per-channel key mean (rounded to BF16, a value the GPU reproduces exactly) and
-// returns it.
-std::vector<double> smooth_keys(HeadMatrix* k) {
-  std::vector<double> mean(k->cols, 0.0);
-  if (k->rows == 0) return mean;
-  for (int64_t s = 0; s < k->rows; ++s) {
-    for (int64_t c = 0; c < k->cols; ++c) mean[c] += k->x[s * k->cols + c];
-  }
-  for (int64_t c = 0; c < k->cols; ++c) mean[c] = golden::round_to_bf16(mean[c] / k->rows);
-  for (int64_t s = 0; s < k->rows; ++s) {
-    for (int64_t c = 0; c < k->cols; ++c) {
-      k->x[s * k->cols + c] = static_cast<float>(k->x[s * k->cols + c] - mean[c]);
-    }
-  }
-  return mean;
-}
-
 Status check_tensor_scale(float s, const char* name) {
   if (std::isfinite(s) && s >= 0) return Status::Ok();
   return Status::Invalid(std::string(name) +
@@ -66,11 +36,11 @@ void run_head(const HeadTask& t, int64_t b, int64_t h, RecipeStats* stats) {
   const AttentionShape& sh = t.shape;
   const int64_t hk = h / (sh.h / sh.h_kv);
   const RecipeOptions& opt = *t.opt;
-  HeadMatrix q = gather_head(*t.q, b, h);
-  HeadMatrix k = gather_head(*t.k, b, hk);
-  HeadMatrix v = gather_head(*t.v, b, hk);
+  HeadMatrix q = golden::gather_head(*t.q, b, h);
+  HeadMatrix k = golden::gather_head(*t.k, b, hk);
+  HeadMatrix v = golden::gather_head(*t.v, b, hk);
   std::vector<double> kmean;
-  if (opt.smooth_k) kmean = smooth_keys(&k);
+  if (opt.smooth_k) kmean = golden::smooth_keys(&k);
 
   const Operand qo = golden::prepare_qk(q, opt.recipe, opt.emulation, opt.q_tensor_scale);
   const Operand ko = golden::prepare_qk(k, opt.recipe, opt.emulation, opt.k_tensor_scale);

@@ -60,7 +60,8 @@ Operand nvfp4_operand(const HeadMatrix& m, Nvfp4ScaleRule rule, Emulation emu, f
       op.val[r * m.cols + c] = fold ? round_to_e4m3(prod / kNvfp4FoldDivisor) : prod;
     }
   }
-  op.factor.assign(m.rows, (fold ? kNvfp4FoldDivisor : 1.0) / s_enc);
+  // The factor is an FP32 quotient, as the GPU computes it.
+  op.factor.assign(m.rows, (fold ? static_cast<float>(kNvfp4FoldDivisor) : 1.f) / s_enc);
   return op;
 }
 
@@ -166,12 +167,40 @@ Operand direct_v_operand(const HeadMatrix& v, Emulation emu) {
     }
   }
   Operand opt{vt.rows, vt.cols, {}, {}};
-  const double f = fold_pow2(code_val, exps, emu, &opt.val) / 6.0;  // the paper's alpha * q / 6
+  // The paper's alpha * q / 6; the factor is an FP32 quotient, as the GPU computes it.
+  const double f = static_cast<float>(fold_pow2(code_val, exps, emu, &opt.val)) / 6.f;
   opt.factor.assign(vt.rows, f);
   return transposed(opt);
 }
 
 }  // namespace
+
+HeadMatrix gather_head(const TensorView& t, int64_t b, int64_t h) {
+  HeadMatrix m{t.shape[1], t.shape[3], {}};
+  m.x.resize(m.rows * m.cols);
+  for (int64_t s = 0; s < m.rows; ++s) {
+    const int64_t base = b * t.stride[0] + s * t.stride[1] + h * t.stride[2];
+    for (int64_t c = 0; c < m.cols; ++c) {
+      m.x[s * m.cols + c] = static_cast<float>(load_as_double(t, base + c * t.stride[3]));
+    }
+  }
+  return m;
+}
+
+std::vector<double> smooth_keys(HeadMatrix* k) {
+  std::vector<double> mean(k->cols, 0.0);
+  if (k->rows == 0) return mean;
+  for (int64_t s = 0; s < k->rows; ++s) {
+    for (int64_t c = 0; c < k->cols; ++c) mean[c] += k->x[s * k->cols + c];
+  }
+  for (int64_t c = 0; c < k->cols; ++c) mean[c] = round_to_bf16(mean[c] / k->rows);
+  for (int64_t s = 0; s < k->rows; ++s) {
+    for (int64_t c = 0; c < k->cols; ++c) {
+      k->x[s * k->cols + c] = static_cast<float>(k->x[s * k->cols + c] - mean[c]);
+    }
+  }
+  return mean;
+}
 
 double round_to_e4m3(double x) { return e4m3_to_float(float_to_e4m3(static_cast<float>(x))); }
 

@@ -19,6 +19,13 @@ struct HeadMatrix {
   float at(int64_t r, int64_t c) const { return x[r * cols + c]; }
 };
 
+// One (batch, head) of a BSHD tensor [b, s, h, d] as a dense [tokens, d] FP32 matrix.
+HeadMatrix gather_head(const TensorView& t, int64_t b, int64_t h);
+
+// Subtracts the per-channel key mean, rounded to BF16 (a value the GPU reproduces exactly: the
+// sum is taken in double), and returns the mean.
+std::vector<double> smooth_keys(HeadMatrix* k);
+
 // Values the MMA consumes (E4M3 / BF16 values, or exact block-scaled products), row-major like
 // the source matrix, plus a factor per row (Q and K: per token) or per column (V: per channel).
 struct Operand {

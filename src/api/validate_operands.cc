@@ -1,0 +1,62 @@
+#include "api/validate_operands.h"
+
+#include <cmath>
+#include <string>
+
+namespace fp4attn {
+namespace {
+
+Status check_output(const TensorView& t, const char* name, std::initializer_list<int64_t> shape,
+                    DType dtype) {
+  FP4ATTN_RETURN_IF_ERROR(check_not_null(t, name));
+  TensorView expected = make_view(nullptr, dtype, shape);
+  bool same = t.rank == expected.rank && t.dtype == dtype && t.is_contiguous();
+  for (int i = 0; same && i < t.rank; ++i) same = t.shape[i] == expected.shape[i];
+  if (!same) {
+    return Status::Invalid(std::string(name) + ": expected a contiguous " + dtype_name(dtype) +
+                           " tensor of shape " + expected.shape_str() + ", got " +
+                           dtype_name(t.dtype) + " " + t.shape_str());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status validate_operand(const TensorView& x, Recipe recipe, OperandRole role,
+                        const OperandOptions& opt, const TensorView& data, const TensorView& scale,
+                        const TensorView& mean, std::initializer_list<DType> allowed_x) {
+  FP4ATTN_RETURN_IF_ERROR(check_rank(x, "x", 4, "(batch, seqlen, heads, head_dim)"));
+  FP4ATTN_RETURN_IF_ERROR(check_dtype(x, "x", allowed_x));
+  FP4ATTN_RETURN_IF_ERROR(check_not_null(x, "x"));
+  FP4ATTN_RETURN_IF_ERROR(check_strides(x, "x"));
+  const int64_t b = x.shape[0], s = x.shape[1], h = x.shape[2], d = x.shape[3];
+  if (d != 64 && d != 128) {
+    return Status::Invalid("x: head_dim " + std::to_string(d) +
+                           " is not supported (supported: 64, 128)");
+  }
+  if (static_cast<int>(recipe) < 0 ||
+      static_cast<int>(recipe) > static_cast<int>(Recipe::kFp4Direct)) {
+    return Status::Invalid("recipe: unknown recipe value " +
+                           std::to_string(static_cast<int>(recipe)));
+  }
+  if (!(opt.tensor_scale >= 0) || !std::isfinite(opt.tensor_scale)) {
+    return Status::Invalid("tensor_scale: expected a finite value >= 0 (0 = computed), got " +
+                           std::to_string(opt.tensor_scale));
+  }
+  if (opt.smooth_k && role != OperandRole::kK) {
+    return Status::Invalid("smooth_k: only the K operand can be smoothed");
+  }
+  const DType code_type = recipe == Recipe::kBf16 ? DType::kBF16 : DType::kE4M3;
+  if (role == OperandRole::kV) {
+    FP4ATTN_RETURN_IF_ERROR(check_output(data, "data", {b, h, d, operand_v_pitch(s)}, code_type));
+    FP4ATTN_RETURN_IF_ERROR(check_output(scale, "scale", {b, h, d}, DType::kF32));
+  } else {
+    FP4ATTN_RETURN_IF_ERROR(check_output(data, "data", {b, h, s, d}, code_type));
+    FP4ATTN_RETURN_IF_ERROR(
+        check_output(scale, "scale", {b, h, operand_scale_tiles(s)}, DType::kF32));
+  }
+  if (opt.smooth_k) FP4ATTN_RETURN_IF_ERROR(check_output(mean, "mean", {b, h, d}, DType::kF32));
+  return Status::Ok();
+}
+
+}  // namespace fp4attn
