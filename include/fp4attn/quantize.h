@@ -150,12 +150,14 @@ FP4ATTN_HD void nvfp4_encode_with_scale(const float* x, int n, float s_enc, uint
   for (int i = 0; i < n; ++i) codes[i] = float_to_e2m1(mul_rn(x[i], inv));
 }
 
-// Sum of squared reconstruction errors, in order: err = fmaf(d, d, err).
+// Sum of squared reconstruction errors in s_enc units, in order: err = fmaf(d, d, err) with
+// d = x[i] * s_enc - e2m1 * scale. No division (the GPU does this for two candidates per block).
 FP4ATTN_HD float nvfp4_block_sq_error(const float* x, int n, float s_enc, uint8_t scale,
                                       const uint8_t* codes) {
+  const float f = e4m3_to_float(scale);
   float err = 0.f;
   for (int i = 0; i < n; ++i) {
-    const float d = sub_rn(x[i], nvfp4_dequantize(codes[i], scale, s_enc));
+    const float d = sub_rn(mul_rn(x[i], s_enc), mul_rn(e2m1_to_float(codes[i]), f));
     err = fmaf(d, d, err);
   }
   return err;
@@ -172,8 +174,8 @@ FP4ATTN_HD float nvfp4_block_sq_error(const float* x, int n, float s_enc, uint8_
 //   kNearest:     float_to_e4m3(sf).
 //   kRoundUp:     smallest E4M3 value >= sf, saturating at 448; sf == 0 -> 0.
 //   kFourOverSix: c6 = float_to_e4m3(sf), c4 = float_to_e4m3((amax / 4) * s_enc); quantize with
-//                 each, error = sum_i fmaf(d, d, err), d = x[i] - nvfp4_dequantize; c4 only if
-//                 its error is strictly smaller.
+//                 each, error = sum_i fmaf(d, d, err), d = x[i] * s_enc - e2m1_i * scale (FP32,
+//                 in this order); c4 only if its error is strictly smaller.
 //   kRestricted:  smallest {1, 1.25, 1.5} * 2^e, e in [-3, 8], >= sf; sf > 384 -> 384; sf == 0
 //                 -> 0. Every product e2m1 * scale / 8 is then exact in E4M3.
 //   codes: f = e4m3_to_float(scale); f == 0 -> all 0; else inv = s_enc / f, code = e2m1(x * inv).

@@ -1,0 +1,513 @@
+// Q/K kernel operands on the GPU (operands.h layouts): data [b, h, s, d] E4M3 (BF16 for bf16),
+// scale FP32 [b, h, ceil(s / 128)], optional K mean [b, h, d]. The bytes equal
+// quantize_operand_host's: every rounding goes through the FP4ATTN_HD functions of formats.h /
+// quantize.h, in the order of golden_operands.cc.
+//
+// Passes (all on `stream`):
+//   1. smooth_k only: mean_kernel, one thread per (b, h, channel), summing the s tokens in double
+//      in token order, exactly as golden::smooth_keys (a sum in another order could round
+//      differently), then BF16_RNE(float(sum / s)) into `mean`.
+//   2. computed NVFP4 s_enc or mxfp4: slice_max_kernel, a per-(b, h) max over the (smoothed)
+//      slice into FP32-sized scratch words: NVFP4: the NaN-propagating amax (max of |x| bits);
+//      mxfp4: the largest finite block amax (+1, 0 = none), whose block exponent is the
+//      slice's largest (the MX exponent is non-decreasing in the block amax).
+//   3. quantize: one thread per 16-element NVFP4 block (32 for MX, 16 values for bf16), two
+//      16-byte loads, the HD block quantizer, the folded E4M3 bytes in 16-byte stores; fp8: one
+//      CTA per 128-token tile (amax over the whole 128 x d tile in shared memory, then codes).
+//
+// Host NaN semantics: the reference reads inputs through float -> double -> float (x86 quiets
+// signaling NaNs) and smooths with a double subtraction. Only the bf16 recipe and the K mean
+// keep NaN payloads, so those are reproduced bit for bit (quieting, x86's operand order and its
+// default NaN 0xFFC00000 for Inf - Inf); every other output maps NaN to a fixed code.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "cuda/quantize/validate_cuda.h"
+#include "fp4attn/formats.h"
+#include "fp4attn/operands_cuda.h"
+#include "fp4attn/quantize.h"
+
+namespace fp4attn::detail {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxGridY = 65535;
+constexpr int64_t kMaxGridX = int64_t{1} << 30;
+constexpr uint32_t kF32AbsMask = 0x7FFFFFFFu, kF32Inf = 0x7F800000u;
+constexpr uint32_t kF32QuietBit = 0x00400000u;
+constexpr uint32_t kX86DefaultNanF32 = 0xFFC00000u;
+constexpr uint64_t kX86DefaultNanF64 = 0xFFF8000000000000ull;
+
+// The input tensor: BSHD 16-bit values, strides in elements.
+struct XArgs {
+  const uint16_t* x;
+  int64_t stride_b, stride_s, stride_h;
+  int64_t s;
+  int64_t h;
+  int64_t nbh;  // b * h
+};
+
+__device__ __forceinline__ bool f32_is_nan(float v) {
+  return (__float_as_uint(v) & kF32AbsMask) > kF32Inf;
+}
+
+// A 16-bit input as the host reads it: exact, NaNs quieted (the float -> double conversion).
+template <bool kF16>
+__device__ __forceinline__ float load_value(uint32_t h16) {
+  if constexpr (kF16) {
+    const float f = __half2float(__ushort_as_half(static_cast<unsigned short>(h16)));
+    const uint32_t nan = ((h16 & 0x8000u) << 16) | kF32Inf | kF32QuietBit | ((h16 & 0x3FFu) << 13);
+    return (h16 & 0x7FFFu) > 0x7C00u ? __uint_as_float(nan) : f;
+  } else {
+    uint32_t u = h16 << 16;
+    if ((u & kF32AbsMask) > kF32Inf) u |= kF32QuietBit;
+    return __uint_as_float(u);
+  }
+}
+
+// float(double(x) - double(m)) on x86: one FP32 subtraction for numbers (double rounding through
+// FP64 is innocuous for a subtraction), x's NaN first, then m's, Inf - Inf the default NaN.
+__device__ __forceinline__ float host_sub(float x, float m) {
+  if (f32_is_nan(x)) return x;
+  if (f32_is_nan(m)) return m;
+  const float r = __fsub_rn(x, m);
+  return f32_is_nan(r) ? __uint_as_float(kX86DefaultNanF32) : r;
+}
+
+// kN consecutive values of one row (p 16-byte aligned), smoothed when mean_c is not null.
+template <bool kF16, int kN>
+__device__ __forceinline__ void load_chunk(const uint16_t* p, const float* mean_c, float* v) {
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) {
+    const uint4 r = __ldg(reinterpret_cast<const uint4*>(p) + j);
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      v[8 * j + 2 * q] = load_value<kF16>(w[q] & 0xFFFFu);
+      v[8 * j + 2 * q + 1] = load_value<kF16>(w[q] >> 16);
+    }
+  }
+  if (mean_c != nullptr) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) v[i] = host_sub(v[i], __ldg(mean_c + i));
+  }
+}
+
+// 16 bytes -> one 16-byte store.
+__device__ __forceinline__ void store16(void* dst, const uint8_t* b) {
+  uint32_t w[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    w[q] = uint32_t{b[4 * q]} | (uint32_t{b[4 * q + 1]} << 8) | (uint32_t{b[4 * q + 2]} << 16) |
+           (uint32_t{b[4 * q + 3]} << 24);
+  }
+  *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Block-wide max of a uint32 (every thread of the block calls it; the result is for all).
+__device__ __forceinline__ uint32_t block_max(uint32_t v, uint32_t* smem) {
+  v = __reduce_max_sync(0xFFFFFFFFu, v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // smem reuse across loop iterations
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  uint32_t m = 0;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) m = max(m, smem[w]);
+  return m;
+}
+
+// ---- pass 1: K mean -----------------------------------------------------------------------------
+
+// double(float) and float(double) as x86 converts them (payload kept, quiet bit set).
+__device__ __forceinline__ double host_f2d(float v) {
+  const uint32_t u = __float_as_uint(v);
+  if ((u & kF32AbsMask) > kF32Inf) {
+    const uint64_t d = (uint64_t{u >> 31} << 63) | (uint64_t{0x7FF} << 52) |
+                       (uint64_t{u & 0x7FFFFFu} << 29) | (uint64_t{1} << 51);
+    return __longlong_as_double(static_cast<long long>(d));
+  }
+  return static_cast<double>(v);
+}
+
+__device__ __forceinline__ float host_d2f(double v) {
+  const uint64_t d = static_cast<uint64_t>(__double_as_longlong(v));
+  if ((d & 0x7FFFFFFFFFFFFFFFull) > 0x7FF0000000000000ull) {
+    return __uint_as_float(static_cast<uint32_t>((d >> 63) << 31) | kF32Inf | kF32QuietBit |
+                           static_cast<uint32_t>((d >> 29) & 0x7FFFFFu));
+  }
+  return __double2float_rn(v);
+}
+
+__device__ __forceinline__ bool f64_is_nan(double v) {
+  return (static_cast<uint64_t>(__double_as_longlong(v)) & 0x7FFFFFFFFFFFFFFFull) >
+         0x7FF0000000000000ull;
+}
+
+// acc + v in double as `mean[c] += v` computes it on x86 (acc's NaN first).
+__device__ __forceinline__ double host_add(double acc, double v) {
+  if (f64_is_nan(acc)) return acc;
+  if (f64_is_nan(v)) return v;
+  const double r = __dadd_rn(acc, v);
+  return f64_is_nan(r) ? __longlong_as_double(static_cast<long long>(kX86DefaultNanF64)) : r;
+}
+
+// BF16_RNE of a float as float_to_bf16_bits (NaN: quiet bit, payload truncated), as a float.
+__device__ __forceinline__ uint16_t host_bf16_bits(float v) {
+  uint32_t u = __float_as_uint(v);
+  if ((u & kF32AbsMask) > kF32Inf) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// mean[bh, c] = BF16_RNE(float(sum_t x[t, c] / s)) with the sum in double in token order
+// (golden::smooth_keys); 0 when s == 0.
+template <bool kF16>
+__global__ void __launch_bounds__(kThreads) mean_kernel(XArgs a, int d, float* __restrict__ mean) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= a.nbh * d) return;
+  const int64_t bh = idx / d, c = idx % d;
+  const uint16_t* p = a.x + (bh / a.h) * a.stride_b + (bh % a.h) * a.stride_h + c;
+  double acc = 0.0;
+  int64_t t = 0;
+  constexpr int kUnroll = 32;  // loads in flight per thread: the pass is latency-bound
+  for (; t + kUnroll <= a.s; t += kUnroll) {
+    uint16_t r[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) r[u] = __ldg(p + (t + u) * a.stride_s);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc = host_add(acc, host_f2d(load_value<kF16>(r[u])));
+  }
+  for (; t < a.s; ++t) acc = host_add(acc, host_f2d(load_value<kF16>(__ldg(p + t * a.stride_s))));
+  float m = 0.f;
+  if (a.s > 0) {
+    const float q = host_d2f(__ddiv_rn(acc, static_cast<double>(a.s)));
+    m = __uint_as_float(uint32_t{host_bf16_bits(q)} << 16);
+  }
+  mean[idx] = m;
+}
+
+// ---- pass 2: per-slice maxima -------------------------------------------------------------------
+
+// Unit u of a slice: token u / (kD / kBlk), block u % (kD / kBlk).
+template <int kD, int kBlk>
+__device__ __forceinline__ const uint16_t* row_chunk(const XArgs& a, int64_t bh, int64_t token,
+                                                     int blk) {
+  return a.x + (bh / a.h) * a.stride_b + token * a.stride_s + (bh % a.h) * a.stride_h + blk * kBlk;
+}
+
+// kMx false: max |x| bits of the slice (NaN-propagating amax). kMx true: max over the 32-element
+// blocks with a finite amax of (amax bits + 1); 0 when there is none. out zeroed beforehand.
+template <bool kF16, int kD, bool kMx>
+__global__ void __launch_bounds__(kThreads)
+    slice_max_kernel(XArgs a, const float* __restrict__ mean, uint32_t* __restrict__ out) {
+  constexpr int kBlk = kMx ? kMxfp4Block : kNvfp4Block;
+  constexpr int kNb = kD / kBlk;
+  __shared__ uint32_t smem[kThreads / 32];
+  const int64_t units = a.s * kNb;
+  for (int64_t bh = blockIdx.y; bh < a.nbh; bh += gridDim.y) {
+    uint32_t m = 0;
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads; base < units;
+         base += static_cast<int64_t>(gridDim.x) * kThreads) {
+      const int64_t u = base + threadIdx.x;
+      if (u < units) {
+        const int64_t token = u / kNb;
+        const int blk = static_cast<int>(u % kNb);
+        float v[kBlk];
+        load_chunk<kF16, kBlk>(row_chunk<kD, kBlk>(a, bh, token, blk),
+                               mean ? mean + bh * kD + blk * kBlk : nullptr, v);
+        const uint32_t amax = float_bits(block_amax(v, kBlk));
+        if constexpr (kMx) {
+          if (amax < kF32Inf) m = max(m, amax + 1u);
+        } else {
+          m = max(m, amax);
+        }
+      }
+    }
+    m = block_max(m, smem);
+    if (threadIdx.x == 0 && m != 0) atomicMax(out + bh, m);
+  }
+}
+
+// ---- pass 3: quantization -----------------------------------------------------------------------
+
+enum class Mode { kBf16, kNvfp4, kMx };
+
+// 2^t as a float, t in [-149, 127].
+__device__ __forceinline__ float pow2_float(int t) {
+  return t >= -126 ? detail::pow2_normal(t) : __uint_as_float(1u << (t + 149));
+}
+
+// One thread per block of kBlk elements of a row; the scale of each 128-token tile is written by
+// the thread of its first token's block 0.
+template <bool kF16, int kD, Mode kMode, Nvfp4ScaleRule kRule>
+__global__ void __launch_bounds__(kThreads)
+    quantize_kernel(XArgs a, const float* __restrict__ mean, const uint32_t* __restrict__ slice_max,
+                    float static_s_enc, void* __restrict__ data, float* __restrict__ scale) {
+  constexpr int kBlk = kMode == Mode::kMx ? kMxfp4Block : kNvfp4Block;
+  constexpr int kNb = kD / kBlk;
+  const int64_t units = a.s * kNb;
+  const int64_t tiles = (a.s + kOperandTileTokens - 1) / kOperandTileTokens;
+  for (int64_t bh = blockIdx.y; bh < a.nbh; bh += gridDim.y) {
+    // The slice's factor (golden_operands.cc): nvfp4 8 / s_enc, mxfp4 2^t, bf16 1.
+    float s_enc = 1.f, factor = 1.f;
+    int t = 0;
+    if constexpr (kMode == Mode::kNvfp4) {
+      s_enc =
+          static_s_enc != 0.f ? static_s_enc : nvfp4_tensor_scale(bits_float(slice_max[bh]), kRule);
+      factor = detail::div_rn(8.f, s_enc);
+    } else if constexpr (kMode == Mode::kMx) {
+      const uint32_t m = slice_max[bh];
+      if (m != 0) {
+        // The block exponent of the largest finite block amax is the slice's largest.
+        const float amax = bits_float(m - 1u);
+        uint8_t unused;
+        const int emax =
+            static_cast<int>(mxfp4_quantize_block(&amax, 1, MxScaleRule::kRoundUp, &unused)) - 127;
+        t = emax - 6;
+      }
+      factor = pow2_float(t);
+    }
+    for (int64_t base = static_cast<int64_t>(blockIdx.x) * kThreads; base < units;
+         base += static_cast<int64_t>(gridDim.x) * kThreads) {
+      const int64_t u = base + threadIdx.x;
+      if (u >= units) continue;
+      const int64_t token = u / kNb;
+      const int blk = static_cast<int>(u % kNb);
+      float v[kBlk];
+      load_chunk<kF16, kBlk>(row_chunk<kD, kBlk>(a, bh, token, blk),
+                             mean ? mean + bh * kD + blk * kBlk : nullptr, v);
+      const int64_t out = (bh * a.s + token) * kD + blk * kBlk;  // element offset in data
+      if constexpr (kMode == Mode::kBf16) {
+        uint32_t w[kBlk / 2];
+#pragma unroll
+        for (int i = 0; i < kBlk / 2; ++i) {
+          w[i] =
+              uint32_t{host_bf16_bits(v[2 * i])} | (uint32_t{host_bf16_bits(v[2 * i + 1])} << 16);
+        }
+        uint4* dst = reinterpret_cast<uint4*>(static_cast<uint16_t*>(data) + out);
+        dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+      } else if constexpr (kMode == Mode::kNvfp4) {
+        uint8_t codes[kBlk];
+        const uint8_t sc = nvfp4_quantize_block(v, kBlk, s_enc, kRule, codes);
+        // E4M3_RNE(e2m1 * scale / 8): the product and the / 8 are exact in FP32.
+        const float f = e4m3_to_float(sc);
+        uint8_t bytes[kBlk];
+#pragma unroll
+        for (int i = 0; i < kBlk; ++i) {
+          bytes[i] = sc == 0x7F ? uint8_t{0x7F}
+                                : float_to_e4m3(detail::mul_rn(
+                                      detail::mul_rn(e2m1_to_float(codes[i]), f), 0.125f));
+        }
+        store16(static_cast<uint8_t*>(data) + out, bytes);
+      } else {
+        uint8_t codes[kBlk];
+        const uint8_t sc = mxfp4_quantize_block(v, kBlk, MxScaleRule::kRoundUp, codes);
+        // E4M3(e2m1 * 2^(e - t)); e - t in [-248, 6]: scale_pow2's range.
+        const int k = static_cast<int>(sc) - 127 - t;
+        uint8_t bytes[kBlk];
+#pragma unroll
+        for (int i = 0; i < kBlk; ++i) {
+          bytes[i] = sc == 0xFF ? uint8_t{0x7F}
+                                : float_to_e4m3(detail::scale_pow2(e2m1_to_float(codes[i]), k));
+        }
+        uint8_t* dst = static_cast<uint8_t*>(data) + out;
+        store16(dst, bytes);
+        store16(dst + 16, bytes + 16);
+      }
+      if (blk == 0 && token % kOperandTileTokens == 0) {
+        scale[bh * tiles + token / kOperandTileTokens] = factor;
+      }
+    }
+  }
+}
+
+// fp8: one CTA per (b, h, 128-token tile); fp8_quantize_block over the whole tile (all of d):
+// scale = amax / 448, code = E4M3(x * (448 / amax)); amax 0 -> scale 1, codes 0; NaN/Inf ->
+// scale NaN, codes 0x7F.
+template <bool kF16, int kD>
+__global__ void __launch_bounds__(kThreads)
+    fp8_tile_kernel(XArgs a, const float* __restrict__ mean, uint8_t* __restrict__ data,
+                    float* __restrict__ scale) {
+  constexpr int kNb = kD / kNvfp4Block;
+  constexpr int kPerThread = kOperandTileTokens * kNb / kThreads;
+  static_assert(kPerThread * kThreads == kOperandTileTokens * kNb);
+  __shared__ uint32_t smem[kThreads / 32];
+  const int64_t tiles = (a.s + kOperandTileTokens - 1) / kOperandTileTokens;
+  for (int64_t bh = blockIdx.y; bh < a.nbh; bh += gridDim.y) {
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      float v[kPerThread][kNvfp4Block];
+      uint32_t m = 0;
+#pragma unroll
+      for (int k = 0; k < kPerThread; ++k) {
+        const int chunk = threadIdx.x + k * kThreads;
+        const int64_t token = tile * kOperandTileTokens + chunk / kNb;
+        const int blk = chunk % kNb;
+        if (token < a.s) {
+          load_chunk<kF16, kNvfp4Block>(row_chunk<kD, kNvfp4Block>(a, bh, token, blk),
+                                        mean ? mean + bh * kD + blk * kNvfp4Block : nullptr, v[k]);
+          m = max(m, float_bits(block_amax(v[k], kNvfp4Block)));
+        }
+      }
+      const float amax = bits_float(block_max(m, smem));
+      const bool finite = detail::is_finite(amax);
+      float sc = 1.f, inv = 0.f;
+      if (!finite) {
+        sc = bits_float(detail::kQuietNan);
+      } else if (amax != 0.f) {
+        sc = detail::div_rn(amax, kE4m3Max);
+        inv = detail::div_rn(kE4m3Max, amax);
+        if (!detail::is_finite(inv)) inv = bits_float(detail::kFltMaxBits);
+      }
+#pragma unroll
+      for (int k = 0; k < kPerThread; ++k) {
+        const int chunk = threadIdx.x + k * kThreads;
+        const int64_t token = tile * kOperandTileTokens + chunk / kNb;
+        const int blk = chunk % kNb;
+        if (token < a.s) {
+          uint8_t bytes[kNvfp4Block];
+#pragma unroll
+          for (int i = 0; i < kNvfp4Block; ++i) {
+            bytes[i] = !finite       ? uint8_t{0x7F}
+                       : amax == 0.f ? uint8_t{0}
+                                     : float_to_e4m3(detail::mul_rn(v[k][i], inv));
+          }
+          store16(data + (bh * a.s + token) * kD + blk * kNvfp4Block, bytes);
+        }
+      }
+      if (threadIdx.x == 0) scale[bh * tiles + tile] = sc;
+    }
+  }
+}
+
+// ---- host side ----------------------------------------------------------------------------------
+
+Status cuda_status(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::Ok();
+  return Status::Invalid(std::string("quantize_operand_cuda (Q/K): ") + what +
+                         " failed: " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+dim3 slice_grid(int64_t blocks_per_slice, int64_t nbh) {
+  return dim3(static_cast<unsigned>(std::clamp<int64_t>(blocks_per_slice, 1, kMaxGridX)),
+              static_cast<unsigned>(std::min<int64_t>(nbh, kMaxGridY)));
+}
+
+struct Launch {
+  XArgs a;
+  const float* mean;  // smoothed K: the mean written by pass 1; else null
+  cudaStream_t stream;
+};
+
+// Passes 2 and 3 for one (dtype, head_dim).
+template <bool kF16, int kD>
+Status run_passes(const Launch& l, Recipe recipe, float tensor_scale, void* data, float* scale) {
+  const XArgs& a = l.a;
+  if (recipe == Recipe::kFp8) {
+    fp8_tile_kernel<kF16, kD>
+        <<<slice_grid(operand_scale_tiles(a.s), a.nbh), kThreads, 0, l.stream>>>(
+            a, l.mean, static_cast<uint8_t*>(data), scale);
+    return cuda_status(cudaGetLastError(), "fp8_tile_kernel launch");
+  }
+  if (recipe == Recipe::kBf16) {
+    const int64_t units = a.s * (kD / kNvfp4Block);
+    quantize_kernel<kF16, kD, Mode::kBf16, Nvfp4ScaleRule::kNearest>
+        <<<slice_grid((units + kThreads - 1) / kThreads, a.nbh), kThreads, 0, l.stream>>>(
+            a, l.mean, nullptr, 0.f, data, scale);
+    return cuda_status(cudaGetLastError(), "quantize_kernel launch");
+  }
+  const bool mx = recipe == Recipe::kMxfp4;
+  const bool need_max = mx || tensor_scale == 0.f;
+  const int blk = mx ? kMxfp4Block : kNvfp4Block;
+  const int64_t units = a.s * (kD / blk);
+  const dim3 grid = slice_grid((units + kThreads - 1) / kThreads, a.nbh);
+  uint32_t* slice_max = nullptr;
+  if (need_max) {
+    const size_t bytes = static_cast<size_t>(a.nbh) * sizeof(uint32_t);
+    FP4ATTN_RETURN_IF_ERROR(cuda_status(
+        cudaMallocAsync(reinterpret_cast<void**>(&slice_max), bytes, l.stream), "cudaMallocAsync"));
+    Status st = cuda_status(cudaMemsetAsync(slice_max, 0, bytes, l.stream), "cudaMemsetAsync");
+    if (st.ok()) {
+      if (mx) {
+        slice_max_kernel<kF16, kD, true><<<grid, kThreads, 0, l.stream>>>(a, l.mean, slice_max);
+      } else {
+        slice_max_kernel<kF16, kD, false><<<grid, kThreads, 0, l.stream>>>(a, l.mean, slice_max);
+      }
+      st = cuda_status(cudaGetLastError(), "slice_max_kernel launch");
+    }
+    if (!st.ok()) {
+      cudaFreeAsync(slice_max, l.stream);
+      return st;
+    }
+  }
+  auto launch = [&](auto kernel) {
+    kernel<<<grid, kThreads, 0, l.stream>>>(a, l.mean, slice_max, tensor_scale, data, scale);
+  };
+  switch (recipe) {
+    case Recipe::kMxfp4:
+      launch(quantize_kernel<kF16, kD, Mode::kMx, Nvfp4ScaleRule::kNearest>);
+      break;
+    case Recipe::kNvfp4Hx:
+      launch(quantize_kernel<kF16, kD, Mode::kNvfp4, Nvfp4ScaleRule::kRestricted>);
+      break;
+    case Recipe::kFp4Direct:
+      launch(quantize_kernel<kF16, kD, Mode::kNvfp4, Nvfp4ScaleRule::kNearest>);
+      break;
+    default:  // nvfp4, nvfp4-fast, nvfp4-all: Four-Over-Six
+      launch(quantize_kernel<kF16, kD, Mode::kNvfp4, Nvfp4ScaleRule::kFourOverSix>);
+      break;
+  }
+  Status st = cuda_status(cudaGetLastError(), "quantize_kernel launch");
+  if (slice_max != nullptr) {
+    const Status free_st = cuda_status(cudaFreeAsync(slice_max, l.stream), "cudaFreeAsync");
+    if (st.ok()) st = free_st;
+  }
+  return st;
+}
+
+}  // namespace
+
+Status quantize_qk_operand_cuda(const TensorView& x, Recipe recipe, const OperandOptions& opt,
+                                const TensorView& data, const TensorView& scale,
+                                const TensorView& mean, cudaStream_t stream) {
+  // The kernels store data in 16-byte vectors and scale / mean as FP32 words.
+  if (data.numel() > 0) FP4ATTN_RETURN_IF_ERROR(cuda_check::aligned(data.data, "data", 16));
+  if (scale.numel() > 0) FP4ATTN_RETURN_IF_ERROR(cuda_check::aligned(scale.data, "scale", 4));
+  if (opt.smooth_k && mean.numel() > 0) {
+    FP4ATTN_RETURN_IF_ERROR(cuda_check::aligned(mean.data, "mean", 4));
+  }
+  const int64_t b = x.shape[0], s = x.shape[1], h = x.shape[2], d = x.shape[3];
+  if (b == 0 || h == 0) return Status::Ok();
+  const bool f16 = x.dtype == DType::kF16;
+  Launch l{
+      {static_cast<const uint16_t*>(x.data), x.stride[0], x.stride[1], x.stride[2], s, h, b * h},
+      nullptr,
+      stream};
+  if (opt.smooth_k) {
+    float* m = mean.as<float>();
+    const int64_t n = b * h * d;
+    const unsigned blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
+    if (f16) {
+      mean_kernel<true><<<blocks, kThreads, 0, stream>>>(l.a, static_cast<int>(d), m);
+    } else {
+      mean_kernel<false><<<blocks, kThreads, 0, stream>>>(l.a, static_cast<int>(d), m);
+    }
+    FP4ATTN_RETURN_IF_ERROR(cuda_status(cudaGetLastError(), "mean_kernel launch"));
+    l.mean = m;
+  }
+  if (s == 0) return Status::Ok();
+  float* sc = scale.as<float>();
+  if (d == 64) {
+    return f16 ? run_passes<true, 64>(l, recipe, opt.tensor_scale, data.data, sc)
+               : run_passes<false, 64>(l, recipe, opt.tensor_scale, data.data, sc);
+  }
+  return f16 ? run_passes<true, 128>(l, recipe, opt.tensor_scale, data.data, sc)
+             : run_passes<false, 128>(l, recipe, opt.tensor_scale, data.data, sc);
+}
+
+}  // namespace fp4attn::detail

@@ -1,0 +1,340 @@
+// Packed NVFP4 / MXFP4 quantizers (quantize_cuda.h): BF16/FP16 BSHD -> two E2M1 per byte +
+// block scales, row-major or 128x4-swizzled.
+//
+// Work unit: 32 consecutive values of the logical [rows, d] matrix (two NVFP4 blocks or one
+// MXFP4 block) per thread and grid-stride iteration: four 16-byte streaming loads (64 bytes in
+// flight per thread), one 16-byte store of packed codes (8 bytes for the last unit of an odd
+// NVFP4 block count) and one scale byte per block. The block amax is taken on the 16-bit inputs
+// (packed VIMNMX.U16x2), exact and NaN-propagating as block_amax. Per element: one FMUL and the
+// ~8-instruction e2m1_code_fast. 64-bit indexing throughout; strided inputs map rows with a
+// multiplicative 64-bit division (packed::FastDiv).
+//
+// Registers and spills (nvcc 13.0, sm_90a, -Xptxas -v, no spills in any instantiation): see
+// the table at the end of this file.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include "cuda/quantize/packed_blocks.cuh"
+#include "cuda/quantize/packed_common.cuh"
+#include "cuda/quantize/packed_internal.h"
+#include "cuda/quantize/validate_cuda.h"
+#include "fp4attn/quantize_cuda.h"
+#include "fp4attn/scale_layout.h"
+
+namespace fp4attn {
+namespace {
+
+using packed::FastDiv;
+using packed::RowMap;
+
+constexpr int kThreads = 256;
+constexpr int kUnit = 32;  // values per thread and iteration
+
+struct QuantParams {
+  const uint8_t* x;     // BF16/FP16 bytes
+  int64_t units;        // ceil(rows * d / 32)
+  int64_t blocks;       // rows * d / block
+  int64_t sf_cols;      // d / block
+  FastDiv div_sf_cols;  // blocks -> row
+  FastDiv div_h16;      // 16-value halves -> row (d / 16)
+  RowMap rows;
+  bool contiguous;
+  bool swizzled;
+  uint8_t* packed;
+  uint8_t* scales;
+  float s_enc;             // NVFP4: supplied value
+  const float* s_enc_ptr;  // NVFP4: computed value in device memory (overrides s_enc)
+  float* s_enc_out;        // NVFP4: receives the supplied value (null when computed)
+};
+
+// Byte offset in x of the 16-value half q (q = 2 * unit + k) of the logical [rows, d] matrix.
+__device__ __forceinline__ int64_t half_offset(const QuantParams& p, int64_t q) {
+  if (p.contiguous) return q * 32;
+  const int64_t row = static_cast<int64_t>(p.div_h16.div(static_cast<uint64_t>(q)));
+  const int64_t col = q - row * static_cast<int64_t>(p.div_h16.d);
+  return (p.rows.offset(row) + col * 16) * 2;
+}
+
+__device__ __forceinline__ int64_t scale_offset(const QuantParams& p, int64_t g) {
+  if (!p.swizzled) return g;
+  const int64_t row = static_cast<int64_t>(p.div_sf_cols.div(static_cast<uint64_t>(g)));
+  return swizzled_scale_offset(row, g - row * p.sf_cols, p.sf_cols);
+}
+
+// 16 values of one half and their amax (exact, NaN-propagating).
+template <typename T>
+__device__ __forceinline__ float half_values(const uint4& a, const uint4& b, float* x) {
+  packed::unpack8<T>(a, x);
+  packed::unpack8<T>(b, x + 8);
+  uint32_t acc = 0;
+  acc = packed::abs_max2(acc, a.x);
+  acc = packed::abs_max2(acc, a.y);
+  acc = packed::abs_max2(acc, a.z);
+  acc = packed::abs_max2(acc, a.w);
+  acc = packed::abs_max2(acc, b.x);
+  acc = packed::abs_max2(acc, b.y);
+  acc = packed::abs_max2(acc, b.z);
+  acc = packed::abs_max2(acc, b.w);
+  return __uint_as_float(packed::Half16<T>::abs16_to_f32_bits(packed::fold_max2(acc)));
+}
+
+template <typename T, Nvfp4ScaleRule kRule>
+__global__ void __launch_bounds__(kThreads) nvfp4_packed_kernel(const QuantParams p) {
+  const float s_enc = p.s_enc_ptr != nullptr ? *p.s_enc_ptr : p.s_enc;
+  if (p.s_enc_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *p.s_enc_out = s_enc;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; u < p.units;
+       u += stride) {
+    const bool two = 2 * u + 1 < p.blocks;  // false only for the last unit of an odd count
+    uint4 v[4];
+    const uint8_t* src0 = p.x + half_offset(p, 2 * u);
+    v[0] = packed::load16(src0);
+    v[1] = packed::load16(src0 + 16);
+    if (two) {
+      const uint8_t* src1 = p.x + half_offset(p, 2 * u + 1);
+      v[2] = packed::load16(src1);
+      v[3] = packed::load16(src1 + 16);
+    }
+    float x[16];
+    uint32_t w[4];
+    uint32_t lo[2], hi[2];
+    const uint8_t s0 = packed::nvfp4_block<kRule>(x, half_values<T>(v[0], v[1], x), s_enc, lo);
+    __stcs(p.scales + scale_offset(p, 2 * u), s0);
+    w[0] = lo[0];
+    w[1] = lo[1];
+    if (two) {
+      const uint8_t s1 = packed::nvfp4_block<kRule>(x, half_values<T>(v[2], v[3], x), s_enc, hi);
+      __stcs(p.scales + scale_offset(p, 2 * u + 1), s1);
+      w[2] = hi[0];
+      w[3] = hi[1];
+      __stcs(reinterpret_cast<uint4*>(p.packed + 16 * u), make_uint4(w[0], w[1], w[2], w[3]));
+    } else {
+      __stcs(reinterpret_cast<uint2*>(p.packed + 16 * u), make_uint2(w[0], w[1]));
+    }
+  }
+}
+
+template <typename T, MxScaleRule kRule>
+__global__ void __launch_bounds__(kThreads) mxfp4_packed_kernel(const QuantParams p) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; u < p.units;
+       u += stride) {
+    uint4 v[4];
+    const uint8_t* src = p.x + half_offset(p, 2 * u);  // d % 32 == 0: both halves in one row
+    v[0] = packed::load16(src);
+    v[1] = packed::load16(src + 16);
+    v[2] = packed::load16(src + 32);
+    v[3] = packed::load16(src + 48);
+    float x[32];
+    const float a0 = half_values<T>(v[0], v[1], x);
+    const float a1 = half_values<T>(v[2], v[3], x + 16);
+    // max of two non-negative (or NaN) floats by their bits: NaN-propagating.
+    const float amax = __uint_as_float(max(__float_as_uint(a0), __float_as_uint(a1)));
+    uint32_t w[4];
+    const uint8_t s = packed::mxfp4_block<kRule>(x, amax, w);
+    __stcs(p.scales + scale_offset(p, u), s);
+    __stcs(reinterpret_cast<uint4*>(p.packed + 16 * u), make_uint4(w[0], w[1], w[2], w[3]));
+  }
+}
+
+// Zeroes the padding of a swizzled buffer: rows [rows, rows_pad) x all columns, then rows
+// [0, rows) x columns [sf_cols, cols_pad).
+__global__ void zero_swizzle_padding(uint8_t* scales, int64_t rows, int64_t sf_cols) {
+  const int64_t rows_pad = (rows + 127) / 128 * 128, cols_pad = (sf_cols + 3) / 4 * 4;
+  const int64_t n_rows = (rows_pad - rows) * cols_pad;
+  const int64_t n = n_rows + rows * (cols_pad - sf_cols);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t r, c;
+    if (i < n_rows) {
+      r = rows + i / cols_pad;
+      c = i % cols_pad;
+    } else {
+      const int64_t extra = cols_pad - sf_cols;
+      r = (i - n_rows) / extra;
+      c = sf_cols + (i - n_rows) % extra;
+    }
+    scales[swizzled_scale_offset(r, c, sf_cols)] = 0;
+  }
+}
+
+__global__ void finalize_tensor_scale(float* s_enc, Nvfp4ScaleRule rule) {
+  *s_enc = nvfp4_tensor_scale(*s_enc, rule);  // *s_enc holds the amax bits on entry
+}
+
+struct Shape {
+  int64_t b, s, h, d, rows;
+};
+
+Shape shape_of(const TensorView& x) {
+  return {x.shape[0], x.shape[1], x.shape[2], x.shape[3], x.shape[0] * x.shape[1] * x.shape[2]};
+}
+
+Status check_scales(const TensorView& scales, const Shape& sh, int64_t sf_cols,
+                    ScaleLayout layout, std::initializer_list<DType> dtypes) {
+  if (layout == ScaleLayout::kRowMajor) {
+    return cuda_check::output(scales, "scales", {sh.b, sh.s, sh.h, sf_cols}, dtypes, 1);
+  }
+  const int64_t n = swizzled_scale_bytes(sh.rows, sf_cols);
+  const int64_t rows_pad = (sh.rows + 127) / 128 * 128, cols_pad = (sf_cols + 3) / 4 * 4;
+  return cuda_check::output_one_of(scales, "scales", {{n}, {rows_pad, cols_pad}}, dtypes, 1);
+}
+
+// Validation common to both formats; fills the parameters.
+Status prepare(const TensorView& x, int block, ScaleLayout layout, const TensorView& packed_out,
+               const TensorView& scales, std::initializer_list<DType> scale_dtypes,
+               QuantParams* p, Shape* sh) {
+  FP4ATTN_RETURN_IF_ERROR(cuda_check::bshd_input(x, "x", {DType::kBF16, DType::kF16}, 16));
+  FP4ATTN_RETURN_IF_ERROR(cuda_check::head_dim_multiple(x, "x", block));
+  *sh = shape_of(x);
+  const int64_t sf_cols = sh->d / block;
+  FP4ATTN_RETURN_IF_ERROR(
+      cuda_check::output(packed_out, "packed", {sh->b, sh->s, sh->h, sh->d / 2}, {DType::kU8}, 16));
+  FP4ATTN_RETURN_IF_ERROR(check_scales(scales, *sh, sf_cols, layout, scale_dtypes));
+  p->x = static_cast<const uint8_t*>(x.data);
+  p->blocks = sh->rows * sf_cols;
+  p->units = (sh->rows * sh->d + kUnit - 1) / kUnit;
+  p->sf_cols = sf_cols;
+  p->div_sf_cols = FastDiv::make(static_cast<uint64_t>(sf_cols > 0 ? sf_cols : 1));
+  p->div_h16 = FastDiv::make(static_cast<uint64_t>(sh->d >= 16 ? sh->d / 16 : 1));
+  p->rows.div_h = FastDiv::make(static_cast<uint64_t>(sh->h > 0 ? sh->h : 1));
+  p->rows.div_s = FastDiv::make(static_cast<uint64_t>(sh->s > 0 ? sh->s : 1));
+  p->rows.stride_b = x.stride[0];
+  p->rows.stride_s = x.stride[1];
+  p->rows.stride_h = x.stride[2];
+  p->contiguous = x.is_contiguous();
+  p->swizzled = layout == ScaleLayout::kSwizzled128x4;
+  p->packed = static_cast<uint8_t*>(packed_out.data);
+  p->scales = static_cast<uint8_t*>(scales.data);
+  p->s_enc = 1.f;
+  p->s_enc_ptr = nullptr;
+  p->s_enc_out = nullptr;
+  return Status::Ok();
+}
+
+void launch_padding(const QuantParams& p, int64_t rows, cudaStream_t stream) {
+  if (!p.swizzled) return;
+  const int64_t rows_pad = (rows + 127) / 128 * 128, cols_pad = (p.sf_cols + 3) / 4 * 4;
+  const int64_t n = (rows_pad - rows) * cols_pad + rows * (cols_pad - p.sf_cols);
+  if (n == 0) return;
+  zero_swizzle_padding<<<packed::grid_for(n, 256, 2), 256, 0, stream>>>(p.scales, rows, p.sf_cols);
+}
+
+template <typename T>
+void launch_nvfp4(const QuantParams& p, Nvfp4ScaleRule rule, cudaStream_t stream) {
+  const int grid = packed::grid_for(p.units, kThreads);
+  switch (rule) {
+    case Nvfp4ScaleRule::kNearest:
+      nvfp4_packed_kernel<T, Nvfp4ScaleRule::kNearest><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case Nvfp4ScaleRule::kRoundUp:
+      nvfp4_packed_kernel<T, Nvfp4ScaleRule::kRoundUp><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case Nvfp4ScaleRule::kFourOverSix:
+      nvfp4_packed_kernel<T, Nvfp4ScaleRule::kFourOverSix><<<grid, kThreads, 0, stream>>>(p);
+      break;
+    case Nvfp4ScaleRule::kRestricted:
+      nvfp4_packed_kernel<T, Nvfp4ScaleRule::kRestricted><<<grid, kThreads, 0, stream>>>(p);
+      break;
+  }
+}
+
+template <typename T>
+void launch_mxfp4(const QuantParams& p, MxScaleRule rule, cudaStream_t stream) {
+  const int grid = packed::grid_for(p.units, kThreads);
+  if (rule == MxScaleRule::kOcpFloor) {
+    mxfp4_packed_kernel<T, MxScaleRule::kOcpFloor><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    mxfp4_packed_kernel<T, MxScaleRule::kRoundUp><<<grid, kThreads, 0, stream>>>(p);
+  }
+}
+
+bool valid_rule(Nvfp4ScaleRule r) {
+  return r == Nvfp4ScaleRule::kNearest || r == Nvfp4ScaleRule::kRoundUp ||
+         r == Nvfp4ScaleRule::kFourOverSix || r == Nvfp4ScaleRule::kRestricted;
+}
+
+}  // namespace
+
+Status quantize_packed_nvfp4_cuda(const TensorView& x, Nvfp4ScaleRule rule, float s_enc,
+                                  ScaleLayout layout, const TensorView& packed,
+                                  const TensorView& scales, const TensorView& s_enc_out,
+                                  cudaStream_t stream) {
+  if (!valid_rule(rule)) return Status::Invalid("rule: unknown Nvfp4ScaleRule");
+  if (!std::isfinite(s_enc) || s_enc < 0.f) {
+    return Status::Invalid("s_enc: must be finite and > 0, or 0 to compute it, got " +
+                           std::to_string(s_enc));
+  }
+  QuantParams p;
+  Shape sh;
+  FP4ATTN_RETURN_IF_ERROR(prepare(x, kNvfp4Block, layout, packed, scales,
+                                  {DType::kU8, DType::kE4M3}, &p, &sh));
+  const bool compute = s_enc == 0.f;
+  if (compute || s_enc_out.defined()) {
+    FP4ATTN_RETURN_IF_ERROR(cuda_check::output(s_enc_out, "s_enc_out", {1}, {DType::kF32}, 4));
+  }
+  float* out = s_enc_out.defined() ? s_enc_out.as<float>() : nullptr;
+  if (sh.rows * sh.d == 0) {
+    if (out != nullptr) {  // the s_enc of an empty tensor: nvfp4_tensor_scale(0) = 1
+      const float value = compute ? nvfp4_tensor_scale(0.f, rule) : s_enc;
+      if (cudaMemcpyAsync(out, &value, sizeof(float), cudaMemcpyHostToDevice, stream) !=
+          cudaSuccess) {
+        return packed::launch_status("quantize_packed_nvfp4_cuda");
+      }
+    }
+    launch_padding(p, sh.rows, stream);
+    return packed::launch_status("quantize_packed_nvfp4_cuda");
+  }
+  if (compute) {
+    if (cudaMemsetAsync(out, 0, sizeof(float), stream) != cudaSuccess) {
+      return packed::launch_status("quantize_packed_nvfp4_cuda");
+    }
+    packed::launch_amax_bits(x, reinterpret_cast<uint32_t*>(out), stream);
+    finalize_tensor_scale<<<1, 1, 0, stream>>>(out, rule);
+    p.s_enc_ptr = out;
+  } else {
+    p.s_enc = s_enc;
+    p.s_enc_out = out;
+  }
+  if (x.dtype == DType::kBF16) {
+    launch_nvfp4<__nv_bfloat16>(p, rule, stream);
+  } else {
+    launch_nvfp4<__half>(p, rule, stream);
+  }
+  launch_padding(p, sh.rows, stream);
+  return packed::launch_status("quantize_packed_nvfp4_cuda");
+}
+
+Status quantize_packed_mxfp4_cuda(const TensorView& x, MxScaleRule rule, ScaleLayout layout,
+                                  const TensorView& packed, const TensorView& scales,
+                                  cudaStream_t stream) {
+  if (rule != MxScaleRule::kOcpFloor && rule != MxScaleRule::kRoundUp) {
+    return Status::Invalid("rule: unknown MxScaleRule");
+  }
+  QuantParams p;
+  Shape sh;
+  FP4ATTN_RETURN_IF_ERROR(
+      prepare(x, kMxfp4Block, layout, packed, scales, {DType::kU8}, &p, &sh));
+  if (sh.rows * sh.d > 0) {
+    if (x.dtype == DType::kBF16) {
+      launch_mxfp4<__nv_bfloat16>(p, rule, stream);
+    } else {
+      launch_mxfp4<__half>(p, rule, stream);
+    }
+  }
+  launch_padding(p, sh.rows, stream);
+  return packed::launch_status("quantize_packed_mxfp4_cuda");
+}
+
+}  // namespace fp4attn
+
+// Registers per thread (nvcc 13.0 -O3 -arch=sm_90a, ptxas -v; 0 spill stores/loads everywhere):
+//   nvfp4_packed_kernel  nearest / round-up / restricted: 62 (BF16 and FP16)
+//                        four-over-six: 109 (BF16), 112 (FP16)
+//   The 80-byte stack frame of the NVFP4 kernels is the out-of-line call of the reference
+//   block quantizer (nvfp4_block_reference), taken only when s_enc / scale overflows.
+//   mxfp4_packed_kernel: 32.  amax_kernel: 30.  dequant_kernel: 47-56.  repack kernels: 22-44.
+// SASS of the MXFP4 hot loop (cuobjdump -sass): per value one unpack (IMAD.U32 / LOP3), FMUL,
+// 2 FMNMX, LOP3, FFMA and ~6 integer ops for code, sign and nibble packing (~12 per value).
