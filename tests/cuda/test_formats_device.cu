@@ -17,19 +17,12 @@
 #include "fp4attn/formats.h"
 #include "fp4attn/quantize.h"
 #include "fp4attn/scale_layout.h"
+#include "gpu_test_util.h"
 
 namespace fp4attn {
 namespace {
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-
-bool have_gpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
 
 uint32_t bits_of(float x) {
   uint32_t u;

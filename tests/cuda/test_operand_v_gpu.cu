@@ -18,17 +18,10 @@
 #include "fp4attn/operands.h"
 #include "fp4attn/operands_cuda.h"
 #include "fp4attn/recipe.h"
+#include "gpu_test_util.h"
 
 namespace fp4attn {
 namespace {
-
-bool have_gpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
 
 constexpr uint8_t kPoison = 0xCD;
 

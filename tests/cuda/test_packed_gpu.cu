@@ -25,17 +25,10 @@
 #include "fp4attn/quantize.h"
 #include "fp4attn/quantize_cuda.h"
 #include "fp4attn/scale_layout.h"
+#include "gpu_test_util.h"
 
 namespace fp4attn {
 namespace {
-
-bool have_gpu() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
 
 constexpr size_t kGuard = 64;
 constexpr uint8_t kPoison = 0xAB;
