@@ -15,6 +15,12 @@
 //      16-byte loads, the HD block quantizer, the folded E4M3 bytes in 16-byte stores; fp8: one
 //      CTA per 128-token tile (amax over the whole 128 x d tile in shared memory, then codes).
 //
+// Speed (operand_qk_fast.cuh): inputs unpacked without NaN quieting where only NaN-ness matters,
+// block amax as packed 16-bit integer maxima, NVFP4 blocks by operand_fast::nvfp4_block_fast (fast
+// exact E2M1/E4M3 paths), MX blocks by packed::mxfp4_block, the fold E4M3(e2m1 * factor) through
+// per-scale-code byte tables (fold_table_kernel) selected with PRMT, fp8 codes by the exact
+// e4m3x4_finite, the K mean as a plain FP64 chain (recomputed with x86 NaN rules only when NaN).
+//
 // Host NaN semantics: the reference reads inputs through float -> double -> float (x86 quiets
 // signaling NaNs) and smooths with a double subtraction. Only the bf16 recipe and the K mean
 // keep NaN payloads, so those are reproduced bit for bit (quieting, x86's operand order and its
@@ -26,6 +32,8 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/quantize/operand_qk_fast.cuh"
+#include "cuda/quantize/packed_blocks.cuh"  // packed::mxfp4_block
 #include "cuda/quantize/validate_cuda.h"
 #include "fp4attn/formats.h"
 #include "fp4attn/operands_cuda.h"
@@ -69,6 +77,16 @@ __device__ __forceinline__ float load_value(uint32_t h16) {
   }
 }
 
+// A 16-bit input as a float, NaNs unquieted (only whether it is NaN is used).
+template <bool kF16>
+__device__ __forceinline__ float load_plain_value(uint32_t h16) {
+  if constexpr (kF16) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(h16)));
+  } else {
+    return __uint_as_float(h16 << 16);
+  }
+}
+
 // float(double(x) - double(m)) on x86: one FP32 subtraction for numbers (double rounding through
 // FP64 is innocuous for a subtraction), x's NaN first, then m's, Inf - Inf the default NaN.
 __device__ __forceinline__ float host_sub(float x, float m) {
@@ -95,6 +113,57 @@ __device__ __forceinline__ void load_chunk(const uint16_t* p, const float* mean_
 #pragma unroll
     for (int i = 0; i < kN; ++i) v[i] = host_sub(v[i], __ldg(mean_c + i));
   }
+}
+
+// kN consecutive values of one row as plain floats (no NaN quieting) minus mean_c[i] (a plain FP32
+// subtraction) when mean_c is not null. For every output except bf16 and the mean only whether a
+// value is NaN matters, and the plain ops give NaN exactly when host_sub / load_value do; numbers
+// are identical.
+template <bool kF16, int kN>
+__device__ __forceinline__ void load_plain(const uint16_t* p, const float* mean_c, float* v) {
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) {
+    operand_fast::unpack8<kF16>(__ldg(reinterpret_cast<const uint4*>(p) + j), v + 8 * j);
+  }
+  if (mean_c != nullptr) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) v[i] = __fsub_rn(v[i], __ldg(mean_c + i));
+  }
+}
+
+// The same from kN / 8 raw 16-byte vectors already loaded.
+template <bool kF16, int kN>
+__device__ __forceinline__ void unpack_plain(const uint4* r, const float* mean_c, float* v) {
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) operand_fast::unpack8<kF16>(r[j], v + 8 * j);
+  if (mean_c != nullptr) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) v[i] = __fsub_rn(v[i], __ldg(mean_c + i));
+  }
+}
+
+// Max |x| FP32 bits of kN / 8 raw 16-byte vectors (see raw_amax_bits).
+template <bool kF16, int kN>
+__device__ __forceinline__ uint32_t raw_amax_bits_of(const uint4* r) {
+  uint32_t acc = 0;
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) {
+    acc = operand_fast::abs_max2(acc, r[j].x);
+    acc = operand_fast::abs_max2(acc, r[j].y);
+    acc = operand_fast::abs_max2(acc, r[j].z);
+    acc = operand_fast::abs_max2(acc, r[j].w);
+  }
+  return operand_fast::abs_max2_to_f32_bits<kF16>(acc);
+}
+
+// Max |x| FP32 bits of kN raw 16-bit values (NaN-propagating: NaN bits > Inf > finite), through
+// packed 16-bit maxima.
+template <bool kF16, int kN>
+__device__ __forceinline__ uint32_t raw_amax_bits(const uint16_t* p) {
+  uint4 r[kN / 8];
+#pragma unroll
+  for (int j = 0; j < kN / 8; ++j) r[j] = __ldg(reinterpret_cast<const uint4*>(p) + j);
+  return raw_amax_bits_of<kF16, kN>(r);
 }
 
 // 16 bytes -> one 16-byte store.
@@ -164,14 +233,12 @@ __device__ __forceinline__ uint16_t host_bf16_bits(float v) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-// mean[bh, c] = BF16_RNE(float(sum_t x[t, c] / s)) with the sum in double in token order
-// (golden::smooth_keys); 0 when s == 0.
+// sum_t x[t, c] in double in token order, as golden::smooth_keys (host_add), for the column p.
+// Fast chain: plain FP64 adds (bound by this dependent chain's latency). Without NaNs they are
+// host_add exactly; a NaN anywhere leaves the sum NaN, and then the chain is recomputed with
+// host_add's x86 NaN selection (which NaN comes out depends on the order).
 template <bool kF16>
-__global__ void __launch_bounds__(kThreads) mean_kernel(XArgs a, int d, float* __restrict__ mean) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  if (idx >= a.nbh * d) return;
-  const int64_t bh = idx / d, c = idx % d;
-  const uint16_t* p = a.x + (bh / a.h) * a.stride_b + (bh % a.h) * a.stride_h + c;
+__device__ double sequential_sum(const XArgs& a, const uint16_t* p) {
   double acc = 0.0;
   int64_t t = 0;
   constexpr int kUnroll = 32;  // loads in flight per thread: the pass is latency-bound
@@ -180,15 +247,119 @@ __global__ void __launch_bounds__(kThreads) mean_kernel(XArgs a, int d, float* _
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) r[u] = __ldg(p + (t + u) * a.stride_s);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) acc = host_add(acc, host_f2d(load_value<kF16>(r[u])));
+    for (int u = 0; u < kUnroll; ++u) {
+      acc = __dadd_rn(acc, static_cast<double>(load_plain_value<kF16>(r[u])));
+    }
   }
-  for (; t < a.s; ++t) acc = host_add(acc, host_f2d(load_value<kF16>(__ldg(p + t * a.stride_s))));
-  float m = 0.f;
-  if (a.s > 0) {
-    const float q = host_d2f(__ddiv_rn(acc, static_cast<double>(a.s)));
-    m = __uint_as_float(uint32_t{host_bf16_bits(q)} << 16);
+  for (; t < a.s; ++t) {
+    acc = __dadd_rn(acc, static_cast<double>(load_plain_value<kF16>(__ldg(p + t * a.stride_s))));
   }
-  mean[idx] = m;
+  if (f64_is_nan(acc)) {
+    acc = 0.0;
+    for (t = 0; t < a.s; ++t) {
+      acc = host_add(acc, host_f2d(load_value<kF16>(__ldg(p + t * a.stride_s))));
+    }
+  }
+  return acc;
+}
+
+// BF16_RNE(float(sum / s)) as a float; 0 when s == 0.
+__device__ __forceinline__ float mean_of(double sum, int64_t s) {
+  if (s <= 0) return 0.f;
+  const float q = host_d2f(__ddiv_rn(sum, static_cast<double>(s)));
+  return __uint_as_float(uint32_t{host_bf16_bits(q)} << 16);
+}
+
+// mean[bh, c] = BF16_RNE(float(sum_t x[t, c] / s)) with the sum in double in token order
+// (golden::smooth_keys); 0 when s == 0. One thread per (b, h, channel): used when the parallel
+// path is off (kParallelMean).
+template <bool kF16>
+__global__ void __launch_bounds__(kThreads) mean_kernel(XArgs a, int d, float* __restrict__ mean) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= a.nbh * d) return;
+  const int64_t bh = idx / d, c = idx % d;
+  const uint16_t* p = a.x + (bh / a.h) * a.stride_b + (bh % a.h) * a.stride_h + c;
+  mean[idx] = mean_of(sequential_sum<kF16>(a, p), a.s);
+}
+
+// Parallel K mean, bit-identical to the token-order double sum whenever that sum is exact:
+// every value is a multiple of 2^L (L: the smallest ulp among the channel's nonzero values) and
+// every partial sum, in any order or grouping, is bounded by sum |x| < s * 2^(emax + 1), so when
+// ceil(log2 s) + Emax - Emin <= 52 - M (exponent fields, subnormals as 1; M mantissa bits: 7 BF16,
+// 10 FP16) all partial sums are integers times 2^L below 2^(L + 53): exactly representable,
+// so no addition rounds and every order gives the exact sum, the sequential one included.
+// Channels failing that test (or holding Inf/NaN) are summed sequentially by mean_finish_kernel.
+constexpr bool kParallelMean = true;
+constexpr int kMeanSeg = 1024;  // tokens per partial sum
+
+struct MeanPartial {
+  double sum;         // the segment's sum (exact when the channel passes the test)
+  uint32_t max_bits;  // max |x| 16-bit bits (NaN/Inf above every finite value)
+  uint32_t min_exp;   // min exponent field over the nonzero values (0xFFFF: none)
+};
+
+template <bool kF16>
+__global__ void __launch_bounds__(kThreads)
+    mean_partial_kernel(XArgs a, int d, int nseg, MeanPartial* __restrict__ part) {
+  constexpr int kM = kF16 ? 10 : 7;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= a.nbh * nseg * d) return;
+  const int64_t c = idx % d, rest = idx / d;
+  const int64_t seg = rest % nseg, bh = rest / nseg;
+  const uint16_t* p = a.x + (bh / a.h) * a.stride_b + (bh % a.h) * a.stride_h + c;
+  const int64_t t0 = seg * kMeanSeg, t1 = min(a.s, t0 + kMeanSeg);
+  double acc[4] = {0.0, 0.0, 0.0, 0.0};
+  uint32_t mx = 0, mn = 0xFFFFu;
+  int64_t t = t0;
+  constexpr int kUnroll = 16;
+  for (; t + kUnroll <= t1; t += kUnroll) {
+    uint16_t r[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) r[u] = __ldg(p + (t + u) * a.stride_s);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const uint32_t h = r[u] & 0x7FFFu;
+      mx = max(mx, h);
+      mn = min(mn, h != 0 ? h >> kM : 0xFFFFu);
+      acc[u % 4] = __dadd_rn(acc[u % 4], static_cast<double>(load_plain_value<kF16>(r[u])));
+    }
+  }
+  for (; t < t1; ++t) {
+    const uint16_t r = __ldg(p + t * a.stride_s);
+    const uint32_t h = r & 0x7FFFu;
+    mx = max(mx, h);
+    mn = min(mn, h != 0 ? h >> kM : 0xFFFFu);
+    acc[0] = __dadd_rn(acc[0], static_cast<double>(load_plain_value<kF16>(r)));
+  }
+  part[idx] = MeanPartial{__dadd_rn(__dadd_rn(acc[0], acc[1]), __dadd_rn(acc[2], acc[3])), mx, mn};
+}
+
+template <bool kF16>
+__global__ void __launch_bounds__(kThreads)
+    mean_finish_kernel(XArgs a, int d, int nseg, const MeanPartial* __restrict__ part,
+                       float* __restrict__ mean) {
+  constexpr int kM = kF16 ? 10 : 7;
+  constexpr uint32_t kInfBits = kF16 ? 0x7C00u : 0x7F80u;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (idx >= a.nbh * d) return;
+  const int64_t bh = idx / d, c = idx % d;
+  double acc = 0.0;
+  uint32_t mx = 0, mn = 0xFFFFu;
+  for (int seg = 0; seg < nseg; ++seg) {
+    const MeanPartial q = part[(bh * nseg + seg) * d + c];
+    acc = __dadd_rn(acc, q.sum);
+    mx = max(mx, q.max_bits);
+    mn = min(mn, q.min_exp);
+  }
+  const int log2s = a.s <= 1 ? 0 : 64 - __clzll(static_cast<long long>(a.s - 1));
+  const int emax = max(static_cast<int>(mx >> kM), 1);
+  const int emin = max(static_cast<int>(mn), 1);
+  const bool exact = mx < kInfBits && log2s + emax - emin <= 52 - kM;
+  if (!exact) {
+    const uint16_t* p = a.x + (bh / a.h) * a.stride_b + (bh % a.h) * a.stride_h + c;
+    acc = sequential_sum<kF16>(a, p);
+  }
+  mean[idx] = mean_of(acc, a.s);
 }
 
 // ---- pass 2: per-slice maxima -------------------------------------------------------------------
@@ -217,10 +388,15 @@ __global__ void __launch_bounds__(kThreads)
       if (u < units) {
         const int64_t token = u / kNb;
         const int blk = static_cast<int>(u % kNb);
-        float v[kBlk];
-        load_chunk<kF16, kBlk>(row_chunk<kD, kBlk>(a, bh, token, blk),
-                               mean ? mean + bh * kD + blk * kBlk : nullptr, v);
-        const uint32_t amax = float_bits(block_amax(v, kBlk));
+        const uint16_t* p = row_chunk<kD, kBlk>(a, bh, token, blk);
+        uint32_t amax;
+        if (mean == nullptr) {
+          amax = raw_amax_bits<kF16, kBlk>(p);
+        } else {
+          float v[kBlk];
+          load_plain<kF16, kBlk>(p, mean + bh * kD + blk * kBlk, v);
+          amax = float_bits(block_amax(v, kBlk));
+        }
         if constexpr (kMx) {
           if (amax < kF32Inf) m = max(m, amax + 1u);
         } else {
@@ -230,6 +406,42 @@ __global__ void __launch_bounds__(kThreads)
     }
     m = block_max(m, smem);
     if (threadIdx.x == 0 && m != 0) atomicMax(out + bh, m);
+  }
+}
+
+// The folded bytes of one NVFP4 block by the generic reference functions (any s_enc, e.g. a
+// static scale outside operand_fast::nvfp4_block_fast's precondition). Out of line: rarely run.
+template <Nvfp4ScaleRule kRule>
+__device__ __noinline__ void nvfp4_fold_generic(const float* v, float s_enc, uint8_t* dst) {
+  uint8_t codes[kNvfp4Block];
+  const uint8_t sc = nvfp4_quantize_block(v, kNvfp4Block, s_enc, kRule, codes);
+  // E4M3_RNE(e2m1 * scale / 8): the product and the / 8 are exact in FP32.
+  const float f = e4m3_to_float(sc);
+  uint8_t bytes[kNvfp4Block];
+#pragma unroll
+  for (int i = 0; i < kNvfp4Block; ++i) {
+    bytes[i] = sc == 0x7F ? uint8_t{0x7F}
+                          : float_to_e4m3(detail::mul_rn(
+                                detail::mul_rn(e2m1_to_float(codes[i]), f), 0.125f));
+  }
+  store16(dst, bytes);
+}
+
+// ---- fold tables ---------------------------------------------------------------------------------
+
+// Row sc: the 8 folded bytes of NVFP4 scale code sc; row k + 248: MXFP4 offset k (operand_qk_fast.cuh).
+// Rewritten with the same values by every launch of fold_table_kernel (idempotent).
+__device__ uint2 g_nv_fold[256];
+__device__ uint2 g_mx_fold[operand_fast::kMxFoldRows];
+
+__global__ void fold_table_kernel() {
+  const int i = threadIdx.x;
+  if (i < 256) {
+    const uint64_t r = operand_fast::nvfp4_fold_row(static_cast<uint32_t>(i));
+    g_nv_fold[i] = make_uint2(static_cast<uint32_t>(r), static_cast<uint32_t>(r >> 32));
+  } else if (i - 256 < operand_fast::kMxFoldRows) {
+    const uint64_t r = operand_fast::mxfp4_fold_row(i - 256 + operand_fast::kMxFoldMinK);
+    g_mx_fold[i - 256] = make_uint2(static_cast<uint32_t>(r), static_cast<uint32_t>(r >> 32));
   }
 }
 
@@ -255,11 +467,14 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t bh = blockIdx.y; bh < a.nbh; bh += gridDim.y) {
     // The slice's factor (golden_operands.cc): nvfp4 8 / s_enc, mxfp4 2^t, bf16 1.
     float s_enc = 1.f, factor = 1.f;
+    bool fast = true;
     int t = 0;
     if constexpr (kMode == Mode::kNvfp4) {
       s_enc =
           static_s_enc != 0.f ? static_s_enc : nvfp4_tensor_scale(bits_float(slice_max[bh]), kRule);
       factor = detail::div_rn(8.f, s_enc);
+      // operand_fast::nvfp4_block_fast's precondition (a computed s_enc always meets it).
+      fast = s_enc > 0.f && s_enc <= 3.4028234e38f;
     } else if constexpr (kMode == Mode::kMx) {
       const uint32_t m = slice_max[bh];
       if (m != 0) {
@@ -278,11 +493,20 @@ __global__ void __launch_bounds__(kThreads)
       if (u >= units) continue;
       const int64_t token = u / kNb;
       const int blk = static_cast<int>(u % kNb);
+      const uint16_t* src = row_chunk<kD, kBlk>(a, bh, token, blk);
+      const float* mean_c = mean ? mean + bh * kD + blk * kBlk : nullptr;
       float v[kBlk];
-      load_chunk<kF16, kBlk>(row_chunk<kD, kBlk>(a, bh, token, blk),
-                             mean ? mean + bh * kD + blk * kBlk : nullptr, v);
       const int64_t out = (bh * a.s + token) * kD + blk * kBlk;  // element offset in data
+      float amax = 0.f;  // block_amax(v) (NaN-propagating; a NaN's payload is irrelevant)
+      if constexpr (kMode != Mode::kBf16) {
+        uint4 r[kBlk / 8];
+#pragma unroll
+        for (int j = 0; j < kBlk / 8; ++j) r[j] = __ldg(reinterpret_cast<const uint4*>(src) + j);
+        unpack_plain<kF16, kBlk>(r, mean_c, v);
+        amax = mean_c == nullptr ? bits_float(raw_amax_bits_of<kF16, kBlk>(r)) : block_amax(v, kBlk);
+      }
       if constexpr (kMode == Mode::kBf16) {
+        load_chunk<kF16, kBlk>(src, mean_c, v);
         uint32_t w[kBlk / 2];
 #pragma unroll
         for (int i = 0; i < kBlk / 2; ++i) {
@@ -293,32 +517,35 @@ __global__ void __launch_bounds__(kThreads)
         dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
         dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
       } else if constexpr (kMode == Mode::kNvfp4) {
-        uint8_t codes[kBlk];
-        const uint8_t sc = nvfp4_quantize_block(v, kBlk, s_enc, kRule, codes);
-        // E4M3_RNE(e2m1 * scale / 8): the product and the / 8 are exact in FP32.
-        const float f = e4m3_to_float(sc);
-        uint8_t bytes[kBlk];
-#pragma unroll
-        for (int i = 0; i < kBlk; ++i) {
-          bytes[i] = sc == 0x7F ? uint8_t{0x7F}
-                                : float_to_e4m3(detail::mul_rn(
-                                      detail::mul_rn(e2m1_to_float(codes[i]), f), 0.125f));
+        if (fast) {
+          uint32_t w[2];
+          const uint32_t sc = operand_fast::nvfp4_block_fast<kRule>(v, amax, s_enc, w);
+          const uint2 row = __ldg(g_nv_fold + sc);
+          uint4 o;
+          operand_fast::fold8(w[0], row.x, row.y, o.x, o.y);
+          operand_fast::fold8(w[1], row.x, row.y, o.z, o.w);
+          if ((sc & 0x7Fu) == 0x7Fu) o = make_uint4(0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);
+          *reinterpret_cast<uint4*>(static_cast<uint8_t*>(data) + out) = o;
+        } else {
+          nvfp4_fold_generic<kRule>(v, s_enc, static_cast<uint8_t*>(data) + out);
         }
-        store16(static_cast<uint8_t*>(data) + out, bytes);
       } else {
-        uint8_t codes[kBlk];
-        const uint8_t sc = mxfp4_quantize_block(v, kBlk, MxScaleRule::kRoundUp, codes);
-        // E4M3(e2m1 * 2^(e - t)); e - t in [-248, 6]: scale_pow2's range.
+        uint32_t w[4];
+        const uint32_t sc = packed::mxfp4_block<MxScaleRule::kRoundUp>(v, amax, w);
         const int k = static_cast<int>(sc) - 127 - t;
-        uint8_t bytes[kBlk];
-#pragma unroll
-        for (int i = 0; i < kBlk; ++i) {
-          bytes[i] = sc == 0xFF ? uint8_t{0x7F}
-                                : float_to_e4m3(detail::scale_pow2(e2m1_to_float(codes[i]), k));
+        const uint2 row = __ldg(g_mx_fold + min(max(k - operand_fast::kMxFoldMinK, 0),
+                                                operand_fast::kMxFoldRows - 1));
+        uint4 o0, o1;
+        operand_fast::fold8(w[0], row.x, row.y, o0.x, o0.y);
+        operand_fast::fold8(w[1], row.x, row.y, o0.z, o0.w);
+        operand_fast::fold8(w[2], row.x, row.y, o1.x, o1.y);
+        operand_fast::fold8(w[3], row.x, row.y, o1.z, o1.w);
+        if (sc == 0xFFu) {
+          o0 = o1 = make_uint4(0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);
         }
-        uint8_t* dst = static_cast<uint8_t*>(data) + out;
-        store16(dst, bytes);
-        store16(dst + 16, bytes + 16);
+        uint4* dst = reinterpret_cast<uint4*>(static_cast<uint8_t*>(data) + out);
+        dst[0] = o0;
+        dst[1] = o1;
       }
       if (blk == 0 && token % kOperandTileTokens == 0) {
         scale[bh * tiles + token / kOperandTileTokens] = factor;
@@ -331,7 +558,7 @@ __global__ void __launch_bounds__(kThreads)
 // scale = amax / 448, code = E4M3(x * (448 / amax)); amax 0 -> scale 1, codes 0; NaN/Inf ->
 // scale NaN, codes 0x7F.
 template <bool kF16, int kD>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kD == 128 ? 3 : 4)
     fp8_tile_kernel(XArgs a, const float* __restrict__ mean, uint8_t* __restrict__ data,
                     float* __restrict__ scale) {
   constexpr int kNb = kD / kNvfp4Block;
@@ -341,7 +568,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t tiles = (a.s + kOperandTileTokens - 1) / kOperandTileTokens;
   for (int64_t bh = blockIdx.y; bh < a.nbh; bh += gridDim.y) {
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      float v[kPerThread][kNvfp4Block];
+      // Raw 16-bit inputs are kept (8 registers per 16 values); the (smoothed) floats are
+      // recomputed, identically, for the codes.
+      uint4 r[kPerThread][2];
       uint32_t m = 0;
 #pragma unroll
       for (int k = 0; k < kPerThread; ++k) {
@@ -349,9 +578,25 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t token = tile * kOperandTileTokens + chunk / kNb;
         const int blk = chunk % kNb;
         if (token < a.s) {
-          load_chunk<kF16, kNvfp4Block>(row_chunk<kD, kNvfp4Block>(a, bh, token, blk),
-                                        mean ? mean + bh * kD + blk * kNvfp4Block : nullptr, v[k]);
-          m = max(m, float_bits(block_amax(v[k], kNvfp4Block)));
+          const uint4* src =
+              reinterpret_cast<const uint4*>(row_chunk<kD, kNvfp4Block>(a, bh, token, blk));
+          r[k][0] = __ldg(src);
+          r[k][1] = __ldg(src + 1);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kPerThread; ++k) {
+        const int chunk = threadIdx.x + k * kThreads;
+        const int64_t token = tile * kOperandTileTokens + chunk / kNb;
+        const int blk = chunk % kNb;
+        if (token < a.s) {
+          if (mean == nullptr) {
+            m = max(m, raw_amax_bits_of<kF16, kNvfp4Block>(r[k]));
+          } else {
+            float v[kNvfp4Block];
+            unpack_plain<kF16, kNvfp4Block>(r[k], mean + bh * kD + blk * kNvfp4Block, v);
+            m = max(m, float_bits(block_amax(v, kNvfp4Block)));
+          }
         }
       }
       const float amax = bits_float(block_max(m, smem));
@@ -370,14 +615,21 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t token = tile * kOperandTileTokens + chunk / kNb;
         const int blk = chunk % kNb;
         if (token < a.s) {
-          uint8_t bytes[kNvfp4Block];
+          float v[kNvfp4Block];
+          unpack_plain<kF16, kNvfp4Block>(r[k], mean ? mean + bh * kD + blk * kNvfp4Block : nullptr,
+                                          v);
+          // Finite tile: every product is finite, and e4m3x4_finite == float_to_e4m3 on every
+          // finite float (swept on the host over all of them).
+          uint32_t o[4];
 #pragma unroll
-          for (int i = 0; i < kNvfp4Block; ++i) {
-            bytes[i] = !finite       ? uint8_t{0x7F}
-                       : amax == 0.f ? uint8_t{0}
-                                     : float_to_e4m3(detail::mul_rn(v[k][i], inv));
+          for (int q = 0; q < 4; ++q) {
+            const uint32_t wq = operand_fast::e4m3x4_finite(
+                __fmul_rn(v[4 * q], inv), __fmul_rn(v[4 * q + 1], inv),
+                __fmul_rn(v[4 * q + 2], inv), __fmul_rn(v[4 * q + 3], inv));
+            o[q] = !finite ? 0x7F7F7F7Fu : amax == 0.f ? 0u : wq;
           }
-          store16(data + (bh * a.s + token) * kD + blk * kNvfp4Block, bytes);
+          *reinterpret_cast<uint4*>(data + (bh * a.s + token) * kD + blk * kNvfp4Block) =
+              make_uint4(o[0], o[1], o[2], o[3]);
         }
       }
       if (threadIdx.x == 0) scale[bh * tiles + tile] = sc;
@@ -445,6 +697,7 @@ Status run_passes(const Launch& l, Recipe recipe, float tensor_scale, void* data
       return st;
     }
   }
+  fold_table_kernel<<<1, 512, 0, l.stream>>>();
   auto launch = [&](auto kernel) {
     kernel<<<grid, kThreads, 0, l.stream>>>(a, l.mean, slice_max, tensor_scale, data, scale);
   };
@@ -492,7 +745,26 @@ Status quantize_qk_operand_cuda(const TensorView& x, Recipe recipe, const Operan
     float* m = mean.as<float>();
     const int64_t n = b * h * d;
     const unsigned blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
-    if (f16) {
+    const int nseg = static_cast<int>(std::max<int64_t>((s + kMeanSeg - 1) / kMeanSeg, 1));
+    if (kParallelMean && s > 0) {
+      MeanPartial* part = nullptr;
+      const size_t bytes = static_cast<size_t>(n) * nseg * sizeof(MeanPartial);
+      FP4ATTN_RETURN_IF_ERROR(cuda_status(
+          cudaMallocAsync(reinterpret_cast<void**>(&part), bytes, stream), "cudaMallocAsync"));
+      const unsigned pblocks = static_cast<unsigned>((n * nseg + kThreads - 1) / kThreads);
+      const int di = static_cast<int>(d);
+      if (f16) {
+        mean_partial_kernel<true><<<pblocks, kThreads, 0, stream>>>(l.a, di, nseg, part);
+        mean_finish_kernel<true><<<blocks, kThreads, 0, stream>>>(l.a, di, nseg, part, m);
+      } else {
+        mean_partial_kernel<false><<<pblocks, kThreads, 0, stream>>>(l.a, di, nseg, part);
+        mean_finish_kernel<false><<<blocks, kThreads, 0, stream>>>(l.a, di, nseg, part, m);
+      }
+      Status st = cuda_status(cudaGetLastError(), "mean kernels launch");
+      const Status free_st = cuda_status(cudaFreeAsync(part, stream), "cudaFreeAsync");
+      FP4ATTN_RETURN_IF_ERROR(st);
+      FP4ATTN_RETURN_IF_ERROR(free_st);
+    } else if (f16) {
       mean_kernel<true><<<blocks, kThreads, 0, stream>>>(l.a, static_cast<int>(d), m);
     } else {
       mean_kernel<false><<<blocks, kThreads, 0, stream>>>(l.a, static_cast<int>(d), m);

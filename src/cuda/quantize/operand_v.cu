@@ -9,11 +9,13 @@
 //    the NaN-propagating max |x| on the 16-bit bits (order-preserving for |x|, NaN above Inf),
 //    and accumulates with atomicMax on FP32 bits in scratch memory: the channel amax, the slice
 //    amax and the largest *finite* 32-token block amax of the slice (stored + 1, 0 = none).
-//  * v_operand_kernel: one tile of T tokens x d channels (T * d = 8192) per CTA, read with
-//    16-byte loads into shared memory (tokens past s read as 0), then each thread quantizes 32
-//    consecutive tokens of one channel with the FP4ATTN_HD block functions and writes them as
-//    16-byte chunks of the V^T row; tokens >= s are written as 0. The per-thread math is
-//    v_operand::quantize_v_unit (operand_v_unit.cuh, host and device).
+//  * v_operand_kernel: one tile of T = 16384 / d tokens x d channels per CTA, no shared memory:
+//    each thread owns a register tile of 4 adjacent channels x 16 tokens (fp4-direct: 2 x 32,
+//    one 32-token block), loaded with 8-byte (4-byte) vector loads straight from x, all in flight
+//    before the math (tokens past s read as 0), quantized by v_operand::quantize_v_tile
+//    (operand_v_unit.cuh, host and device: the E4M3 encodes use the hardware cvt with satfinite,
+//    the FP4 rounding an FMA onto the E2M1 grid), and written as 16-byte chunks of its V^T rows;
+//    the CTA covers T contiguous bytes of each row. Tokens >= s are written as 0.
 // Recipe rules (golden_operands.cc prepare_v):
 //  * bf16: BF16(x) (RNE, NaN quieted as common/half.h), scale 1.
 //  * fp8, nvfp4, nvfp4-hx, mxfp4, nvfp4-fast: fp8_quantize_block over all s tokens of a channel.
@@ -39,7 +41,7 @@ namespace fp4attn::detail {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kTileElems = 8192;  // tokens x head_dim per v_operand_kernel CTA
+constexpr int kTileElems = 16384;  // tokens x head_dim per v_operand_kernel CTA
 constexpr int kStatIters = 8;     // 32-token block rows per v_stats_kernel thread
 
 using v_operand::kNonFinite16;
@@ -72,8 +74,10 @@ __global__ void __launch_bounds__(kThreads) v_stats_kernel(VParams p) {
   for (int c = threadIdx.x; c < kD; c += kThreads) s_chan[c] = 0;
   if (threadIdx.x == 0) s_fin = s_amax = 0;
 
-  const int64_t bh = blockIdx.x / p.tiles, chunk = blockIdx.x - bh * p.tiles;
-  const int64_t bi = bh / p.h, hi = bh - bi * p.h;
+  // blockIdx: head fastest (neighbouring CTAs read neighbouring bytes of x), then chunk, batch.
+  const int64_t bt = blockIdx.x / p.h, hi = blockIdx.x - bt * p.h;
+  const int64_t bi = bt / p.tiles, chunk = bt - bi * p.tiles;
+  const int64_t bh = bi * p.h + hi;
   const int j = threadIdx.x % kVecPerRow, row = threadIdx.x / kVecPerRow;
   const uint16_t* xs = p.x + bi * p.stride_b + hi * p.stride_h + j * 8;
 
@@ -124,63 +128,96 @@ __global__ void __launch_bounds__(kThreads) v_stats_kernel(VParams p) {
 
 // ---- main pass: transpose + quantize ----------------------------------------------------------
 
-// CTAs per SM the register budget is sized for (64 registers a thread; fp4-direct holds a
-// whole 32-value block and gets 85).
+// One CTA: a tile of T = 16384 / d tokens x d channels; thread = kCh adjacent channels x kTok
+// consecutive tokens (kCh * kTok = 64), read straight from global memory into registers
+// (kTok vector loads of 2 * kCh bytes, all in flight before the math), quantized by
+// v_operand::quantize_v_tile, and written as kTok (or 2 kTok) bytes to each of its kCh V^T rows:
+// the CTA writes T contiguous bytes of every row (full 128-byte lines).
 template <VMode kMode>
-constexpr int kMinBlocks = kMode == VMode::kDirect ? 3 : 4;
+constexpr int kMinBlocks = 3;  // 85 registers a thread
 
 template <VMode kMode, bool kF16, int kD>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<kMode>) v_operand_kernel(VParams p) {
-  constexpr int kT = kTileElems / kD;  // tokens per tile: 64 (d 128) or 128 (d 64)
-  constexpr int kVecPerRow = kD / 8;
-  static_assert(kT * kD / (8 * kThreads) * (8 * kThreads) == kT * kD);
-  static_assert(kThreads * kUnitTokens == kTileElems);
-  __shared__ __align__(16) uint16_t tile[kT * kD];
+  constexpr int kCh = v_operand::kTileCh<kMode>, kTok = v_operand::kTileTok<kMode>;
+  constexpr int kW = kCh / 2;          // 32-bit words per token
+  constexpr int kG = kD / kCh;         // threads per token row
+  constexpr int kT = kThreads / kG * kTok;  // tokens per tile
+  static_assert(kT == 16384 / kD && kG <= kThreads);
+  constexpr int kBytesPerToken = kMode == VMode::kBf16 ? 2 : 1;
+  constexpr int kWords = kTok * kBytesPerToken / 4;  // output words per channel row
 
-  const int64_t bh = blockIdx.x / p.tiles, ti = blockIdx.x - bh * p.tiles;
-  const int64_t bi = bh / p.h, hi = bh - bi * p.h;
-  const int64_t t0 = ti * kT;
-  const uint16_t* xs = p.x + bi * p.stride_b + hi * p.stride_h;
-#pragma unroll
-  for (int k = 0; k < kT * kVecPerRow / kThreads; ++k) {
-    const int v = threadIdx.x + k * kThreads;
-    const int row = v / kVecPerRow, col = v % kVecPerRow;
-    uint4 q = make_uint4(0, 0, 0, 0);
-    if (t0 + row < p.s) {
-      q = __ldg(reinterpret_cast<const uint4*>(xs + (t0 + row) * p.stride_s + col * 8));
-    }
-    *reinterpret_cast<uint4*>(&tile[row * kD + col * 8]) = q;
-  }
-  __syncthreads();
-
-  const int c = threadIdx.x % kD, r0 = (threadIdx.x / kD) * kUnitTokens;
-  const int64_t tok0 = t0 + r0;  // first token of this thread's unit
-  const int64_t chan = bh * kD + c;
-  // Tokens of the unit that are real (the rest are written as 0).
+  // blockIdx: head fastest (neighbouring CTAs read neighbouring bytes of x), then tile, batch.
+  // (32-bit division: blockIdx.x, h and tiles are < 2^31.)
+  const uint32_t h32 = static_cast<uint32_t>(p.h), tiles32 = static_cast<uint32_t>(p.tiles);
+  const uint32_t bt = blockIdx.x / h32, hi = blockIdx.x - bt * h32;
+  const uint32_t bi = bt / tiles32, ti = bt - bi * tiles32;
+  const int64_t bh = int64_t{bi} * p.h + hi;
+  const int cg = threadIdx.x % kG, tg = threadIdx.x / kG;
+  const int64_t tok0 = int64_t{ti} * kT + tg * kTok;  // first token of this thread
+  if (tok0 >= p.pitch) return;               // no V^T bytes to write (tail tile)
   const int64_t live64 = p.s - tok0;
-  const int live = live64 > kUnitTokens ? kUnitTokens : static_cast<int>(live64);
+  const int live = live64 > kTok ? kTok : (live64 < 0 ? 0 : static_cast<int>(live64));
+  const uint16_t* xs =
+      p.x + int64_t{bi} * p.stride_b + int64_t{hi} * p.stride_h + tok0 * p.stride_s + cg * kCh;
+
+  // All kTok loads are issued before any math; the pointer walks the tokens (no 64-bit multiply
+  // per load).
+  uint32_t raw[kTok * kW];
+#pragma unroll
+  for (int i = 0; i < kTok; ++i) {
+    if constexpr (kW == 2) {
+      uint2 q = make_uint2(0, 0);
+      if (i < live) q = __ldcs(reinterpret_cast<const uint2*>(xs));
+      raw[i * 2] = q.x;
+      raw[i * 2 + 1] = q.y;
+    } else {
+      uint32_t q = 0;
+      if (i < live) q = __ldcs(reinterpret_cast<const unsigned int*>(xs));
+      raw[i] = q;
+    }
+    xs += p.stride_s;
+  }
+
+  const int64_t chan0 = bh * kD + cg * kCh;
+  uint32_t chan_amax[kCh];
+#pragma unroll
+  for (int j = 0; j < kCh; ++j) chan_amax[j] = 0;
+  if constexpr (kMode == VMode::kFp8) {
+#pragma unroll
+    for (int j = 0; j < kCh; ++j) chan_amax[j] = p.chan_amax[chan0 + j];
+  }
   v_operand::VUnitStats st;
-  if constexpr (kMode == VMode::kFp8) st.chan_amax = p.chan_amax[chan];
   if constexpr (kMode == VMode::kNvfp4) {
     st.tensor_scale = p.tensor_scale;
     if (p.tensor_scale == 0.f) st.slice_amax = p.slice_amax[bh];
   }
   if constexpr (kMode == VMode::kDirect) st.slice_fin = p.slice_fin[bh];
 
-  constexpr int kBytesPerToken = kMode == VMode::kBf16 ? 2 : 1;
-  constexpr int kChunks = kUnitTokens * kBytesPerToken / 16;  // 16-byte stores
-  constexpr int kChunkTokens = 16 / kBytesPerToken;
-  uint32_t w[kChunks * 4];
-  const float scale = v_operand::quantize_v_unit<kMode, kF16, kD>(&tile[r0 * kD + c], live, st, w);
-  uint8_t* row = static_cast<uint8_t*>(p.data) + (chan * p.pitch + tok0) * kBytesPerToken;
+  uint32_t w[kCh * kWords];
+  v_operand::quantize_v_tile<kMode, kF16, kCh, kTok>(raw, live, chan_amax, st, w);
+
 #pragma unroll
-  for (int k = 0; k < kChunks; ++k) {
-    if (tok0 + k * kChunkTokens < p.pitch) {
-      *reinterpret_cast<uint4*>(row + 16 * k) =
-          make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
+  for (int j = 0; j < kCh; ++j) {
+    uint8_t* row = static_cast<uint8_t*>(p.data) + ((chan0 + j) * p.pitch + tok0) * kBytesPerToken;
+#pragma unroll
+    for (int k = 0; k < kWords / 4; ++k) {
+      // 16-byte chunk k covers tokens tok0 + k * 16 / kBytesPerToken ...; pitch is a multiple
+      // of 16 tokens and tok0 of kTok >= 16, so only whole 16-token groups can fall past it.
+      if (tok0 + k * (16 / kBytesPerToken) < p.pitch) {
+        // Plain (write-back) stores: the CTA's other token groups complete the 128-byte line
+        // while it is still in L2 (no evict-first on partially written lines).
+        *reinterpret_cast<uint4*>(row + 16 * k) =
+            make_uint4(w[j * kWords + 4 * k], w[j * kWords + 4 * k + 1],
+                       w[j * kWords + 4 * k + 2], w[j * kWords + 4 * k + 3]);
+      }
     }
   }
-  if (ti == 0 && r0 == 0) p.scale[chan] = scale;
+  if (ti == 0 && tg == 0) {
+#pragma unroll
+    for (int j = 0; j < kCh; ++j) {
+      p.scale[chan0 + j] = v_operand::channel_scale<kMode>(chan_amax[j], st);
+    }
+  }
 }
 
 __global__ void fill_kernel(float* out, int64_t n, float value) {

@@ -126,6 +126,131 @@ __device__ __forceinline__ uint8_t nvfp4_block(const float (&x)[kNvfp4Block], fl
   }
 }
 
+// ---- Table-driven NVFP4 blocks on raw 16-bit vectors (the packed quantizer's hot path) --------
+
+// Per-CTA table of the 127 non-NaN E4M3 scale codes: (inv, f) = (div_rn(s_enc, f), f) with
+// f = e4m3_to_float(code); code 0: (0, 0). inv may be +Inf (huge s_enc): callers then take the
+// reference path. Filled by threads 0..127; the caller synchronizes.
+__device__ __forceinline__ void nvfp4_fill_scale_table(float s_enc, float2* table) {
+  const unsigned c = threadIdx.x;
+  if (c < 128) {
+    const float f = c < 127 ? e4m3_to_float(static_cast<uint8_t>(c)) : 0.f;
+    table[c] = make_float2(f == 0.f ? 0.f : detail::div_rn(s_enc, f), f);
+  }
+}
+
+// Exact NaN-propagating max |x| of the 16 values in two 16-byte vectors, as a float.
+template <typename T>
+__device__ __forceinline__ float amax16(const uint4& a, const uint4& b) {
+  uint32_t m0 = abs_max2(a.x & 0x7FFF7FFFu, a.y);
+  uint32_t m1 = abs_max2(a.z & 0x7FFF7FFFu, a.w);
+  uint32_t m2 = abs_max2(b.x & 0x7FFF7FFFu, b.y);
+  uint32_t m3 = abs_max2(b.z & 0x7FFF7FFFu, b.w);
+  m0 = __vmaxu2(__vmaxu2(m0, m1), __vmaxu2(m2, m3));
+  return __uint_as_float(Half16<T>::abs16_to_f32_bits(fold_max2(m0)));
+}
+
+// The reference block quantizer on the 16 values of two raw vectors (rare path, out of line so
+// the hot loop keeps no float array and no stack frame live).
+template <typename T, Nvfp4ScaleRule kRule>
+__device__ __noinline__ uint32_t nvfp4_block_reference_raw(uint4 a, uint4 b, float s_enc,
+                                                           uint32_t* w) {
+  float x[kNvfp4Block];
+  unpack8<T>(a, x);
+  unpack8<T>(b, x + 8);
+  return nvfp4_block_reference<kRule>(x, s_enc, w);
+}
+
+// Eight floats x * inv -> codes (see e2m1_encode8), from one raw vector.
+template <typename T>
+__device__ __forceinline__ uint32_t encode_vec8(const uint4& v, float inv, uint32_t sign_mask) {
+  float x[8];
+  unpack8<T>(v, x);
+  return e2m1_encode8(x, inv, v.x, v.y, v.z, v.w, sign_mask);
+}
+
+// True when every table entry's inv is finite (s_enc / 2^-9, the largest, does not overflow):
+// the precondition of nvfp4_block_vec / nvfp4_block_vec_46. Otherwise use
+// nvfp4_block_reference_raw for every block.
+__device__ __forceinline__ bool nvfp4_table_finite(float s_enc) {
+  return detail::mul_rn(s_enc, 512.f) <= 3.4028234e38f;
+}
+
+// nvfp4_quantize_block (kNearest / kRoundUp / kRestricted) of the 16 values in a, b (s_enc finite
+// > 0 with nvfp4_table_finite, table from nvfp4_fill_scale_table). Returns the scale code, codes
+// in w.
+template <typename T, Nvfp4ScaleRule kRule>
+__device__ __forceinline__ uint32_t nvfp4_block_vec(const uint4& a, const uint4& b, float s_enc,
+                                                    const float2* table, uint32_t (&w)[2]) {
+  static_assert(kRule != Nvfp4ScaleRule::kFourOverSix, "use nvfp4_block_vec_46");
+  const float amax = amax16<T>(a, b);
+  if (__float_as_uint(amax) >= 0x7F800000u) {  // NaN or Inf
+    w[0] = w[1] = 0;
+    return 0x7F;
+  }
+  // (amax / 6) * s_enc; never NaN (s_enc finite); +Inf saturates like FLT_MAX.
+  const float sf = fminf(detail::mul_rn(div6_16bit(amax), s_enc), bits_float(detail::kFltMaxBits));
+  const uint32_t code = e4m3_code_for_rule<kRule>(sf);
+  const float inv = table[code].x;
+  const uint32_t sign_mask = code != 0 ? 0x88888888u : 0u;
+  w[0] = encode_vec8<T>(a, inv, sign_mask);
+  w[1] = encode_vec8<T>(b, inv, sign_mask);
+  return code;
+}
+
+// One Four-Over-Six candidate on unpacked x (xs = |x| * s_enc): codes and the reference's error
+// sum (d = xs - r * f is one FMA: r * f is exact, E2M1 x E4M3).
+__device__ __forceinline__ float candidate_46(const float (&x)[kNvfp4Block],
+                                              const float (&xs)[kNvfp4Block], float2 e,
+                                              const uint32_t (&sg)[2], uint32_t sign_mask,
+                                              uint32_t (&w)[2]) {
+  float err = 0.f;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    uint32_t t[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float r;
+      t[i] = e2m1_mag_term(detail::mul_rn(x[8 * j + i], e.x), &r);
+      const float d = fmaf(-r, e.y, xs[8 * j + i]);
+      err = fmaf(d, d, err);
+    }
+    w[j] = e2m1_pack8_magnitudes(t) | (sg[j] & sign_mask);
+  }
+  return err;
+}
+
+// nvfp4_quantize_block with kFourOverSix on the 16 values in a, b (preconditions as
+// nvfp4_block_vec).
+template <typename T>
+__device__ __forceinline__ uint32_t nvfp4_block_vec_46(const uint4& a, const uint4& b,
+                                                       float s_enc, const float2* table,
+                                                       uint32_t (&w)[2]) {
+  const float amax = amax16<T>(a, b);
+  if (__float_as_uint(amax) >= 0x7F800000u) {
+    w[0] = w[1] = 0;
+    return 0x7F;
+  }
+  const float flt_max = bits_float(detail::kFltMaxBits);
+  const float sf6 = fminf(detail::mul_rn(div6_16bit(amax), s_enc), flt_max);
+  const float sf4 = fminf(detail::mul_rn(detail::mul_rn(amax, 0.25f), s_enc), flt_max);
+  const uint32_t c6 = e4m3_code_nearest(sf6), c4 = e4m3_code_nearest(sf4);
+  const float2 e6 = table[c6], e4 = table[c4];
+  float x[kNvfp4Block], xs[kNvfp4Block];
+  unpack8<T>(a, x);
+  unpack8<T>(b, x + 8);
+#pragma unroll
+  for (int i = 0; i < kNvfp4Block; ++i) xs[i] = detail::mul_rn(fabsf(x[i]), s_enc);
+  const uint32_t sg[2] = {sign_nibbles8(a.x, a.y, a.z, a.w), sign_nibbles8(b.x, b.y, b.z, b.w)};
+  uint32_t w6[2], w4[2];
+  const float err6 = candidate_46(x, xs, e6, sg, c6 != 0 ? 0x88888888u : 0u, w6);
+  const float err4 = candidate_46(x, xs, e4, sg, c4 != 0 ? 0x88888888u : 0u, w4);
+  const bool use4 = err4 < err6;
+  w[0] = use4 ? w4[0] : w6[0];
+  w[1] = use4 ? w4[1] : w6[1];
+  return use4 ? c4 : c6;
+}
+
 // MXFP4 block of 32 values with amax = block_amax(x). Returns the E8M0 code, codes in w.
 // The scaling x * 2^-e is a single multiply: e <= floor_log2(FLT_MAX) - 2 + 1 = 126, so
 // scale_pow2 never takes its two-factor branch.

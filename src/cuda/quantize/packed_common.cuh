@@ -53,6 +53,141 @@ FP4ATTN_HD uint32_t pack8(const uint32_t (&c)[8]) {
   return w;
 }
 
+// ---- Fast NVFP4 block-scale math (exact; verified exhaustively on the host) ----------------------
+
+// div_rn(a, 6) for every finite a >= 0 that is a BF16 or FP16 value (the block amax of 16-bit
+// inputs): one product and one FMA correction (verified on all 2 x 2^15 magnitudes; the plain
+// product a * RN(1/6) differs for ~1/3 of them).
+FP4ATTN_HD float div6_16bit(float a) {
+  const float r6 = 0.16666667f;  // RN(1/6)
+  const float q0 = detail::mul_rn(a, r6);
+  return fmaf(fmaf(-q0, 6.f, a), r6, q0);
+}
+
+// float_to_e4m3(sf) for finite sf >= 0 (sign clear). E4M3 subnormals (sf < 2^-6): RNE(sf * 2^9)
+// by one addition in the binade of 2^14 (ulp 2^-9); normals: RNE at bit 20 of the FP32 bits,
+// rebias 127 -> 7, saturate at 448 (0x7E).
+FP4ATTN_HD uint32_t e4m3_code_nearest(float sf) {
+  const uint32_t b = float_bits(sf);
+  if (b < 0x3C800000u) return float_bits(detail::sub_rn(sf, -16384.f)) - 0x46800000u;
+  const uint32_t r = (b + 0x7FFFFu + ((b >> 20) & 1u)) >> 20;
+  return r - 960u < 0x7Eu ? r - 960u : 0x7Eu;
+}
+
+// detail::e4m3_round_up(sf) for finite sf >= 0: the smallest E4M3 value >= sf, 448 at most.
+FP4ATTN_HD uint32_t e4m3_code_round_up(float sf) {
+  if (!(sf < kE4m3Max)) return 0x7Eu;
+  const uint32_t b = float_bits(sf);
+  if (b < 0x3C800000u) {  // ceil(sf * 2^9), the product exact
+#if defined(__CUDA_ARCH__)
+    return __float2uint_ru(detail::mul_rn(sf, 512.f));
+#else
+    return static_cast<uint32_t>(ceilf(sf * 512.f));
+#endif
+  }
+  return ((b + 0xFFFFFu) >> 20) - 960u;
+}
+
+// detail::e4m3_restricted_up(sf) for finite sf >= 0: clamp to [0.125, 384], round the FP32 bits
+// up to two mantissa bits, 1.75 * 2^e -> 2^(e+1); code = (E - 120) << 3 | m2 << 1.
+FP4ATTN_HD uint32_t e4m3_code_restricted(float sf) {
+  if (sf == 0.f) return 0u;
+  const float c = fminf(fmaxf(sf, 0.125f), kRestrictedScaleMax);
+  uint32_t r = (float_bits(c) + 0x1FFFFFu) >> 21;
+  r += (r & (r >> 1)) & 1u;
+  return (r << 1) - 960u;
+}
+
+template <Nvfp4ScaleRule kRule>
+FP4ATTN_HD uint32_t e4m3_code_for_rule(float sf) {
+  if constexpr (kRule == Nvfp4ScaleRule::kRoundUp) {
+    return e4m3_code_round_up(sf);
+  } else if constexpr (kRule == Nvfp4ScaleRule::kRestricted) {
+    return e4m3_code_restricted(sf);
+  } else {
+    return e4m3_code_nearest(sf);
+  }
+}
+
+// ---- E2M1 magnitudes packed by multiply-add ---------------------------------------------------
+
+// For y not NaN: t = bits(M) * (2^22 + 1) with M the FMA sum of e2m1_code_fast. bits(M) =
+// (2E << 22) | j with j <= 12 in bits 0..3 (bits 4..21 zero), so t = ((2E + j) << 22) | j and
+// t >> (22 - 4k) = (|code| + 298) << 4k exactly for k <= 4 (j shifted out). Eight such terms, k =
+// 0..3 in a low and a high accumulator, give the magnitude nibbles (e2m1_pack8_magnitudes).
+FP4ATTN_HD uint32_t e2m1_mag_term(float y) {
+  const float a = fminf(fabsf(y), kE2m1Max);
+  const float p = bits_float(float_bits(fmaxf(a, 1.f)) & 0x7F800000u);
+  return float_bits(fmaf(p, 4194304.f, a)) * 0x400001u;
+}
+
+// Same, also returning the exact magnitude r of the E2M1 value (for error sums).
+FP4ATTN_HD uint32_t e2m1_mag_term(float y, float* r) {
+  const float a = fminf(fabsf(y), kE2m1Max);
+  const float p = bits_float(float_bits(fmaxf(a, 1.f)) & 0x7F800000u);
+  const float m = fmaf(p, 4194304.f, a);
+  *r = fmaf(-p, 4194304.f, m);  // m - p * 2^22, exact (= sub_rn(m, mul_rn(p, 2^22)))
+  return float_bits(m) * 0x400001u;
+}
+
+// Magnitude codes of eight terms, element i in bits 4i..4i+2 (bit 4i+3 zero).
+FP4ATTN_HD uint32_t e2m1_pack8_magnitudes(const uint32_t (&t)[8]) {
+  uint32_t lo = 0u - 298u * 0x11111111u, hi = 0;
+  lo += t[0] >> 22;
+  hi += t[4] >> 22;
+  lo += t[1] >> 18;
+  hi += t[5] >> 18;
+  lo += t[2] >> 14;
+  hi += t[6] >> 14;
+  lo += t[3] >> 10;
+  hi += t[7] >> 10;
+  return lo + (hi << 16);
+}
+
+// Generic PRMT (PTX prmt.b32, default mode): byte n of the result is byte (sel >> 4n) & 7 of
+// {b, a} (a = bytes 0..3); with bit 3 of the selector nibble set, the sign of that byte is
+// replicated over all 8 bits.
+FP4ATTN_HD uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+#else
+  const uint64_t src = (static_cast<uint64_t>(b) << 32) | a;
+  uint32_t d = 0;
+  for (int n = 0; n < 4; ++n) {
+    const uint32_t s = (sel >> (4 * n)) & 0xFu;
+    uint32_t byte = static_cast<uint32_t>(src >> (8 * (s & 7u))) & 0xFFu;
+    if (s & 8u) byte = (byte & 0x80u) ? 0xFFu : 0u;
+    d |= byte << (8 * n);
+  }
+  return d;
+#endif
+}
+
+// Sign nibbles (bit 4i+3 for element i) of the eight 16-bit values (BF16 or FP16, element 2k
+// in the low half of word k) in w0..w3, as a word whose bits 4i+3 are the signs (other bits
+// arbitrary; AND with 0x88888888).
+FP4ATTN_HD uint32_t sign_nibbles8(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+  const uint32_t a = prmt(w0, w1, 0xFBD9u);  // bytes: s0, s2, s1, s3 (sign-replicated)
+  const uint32_t b = prmt(w2, w3, 0xFBD9u);  // bytes: s4, s6, s5, s7
+  const uint32_t even = prmt(a, b, 0x5410u);  // s0, s2, s4, s6
+  const uint32_t odd = prmt(a, b, 0x7632u);   // s1, s3, s5, s7
+  return (even & 0x0F0F0F0Fu) | (odd & 0xF0F0F0F0u);
+}
+
+// Eight E2M1 codes (pack8 order) of y_i = x_i * inv for the eight 16-bit values in the words
+// w0..w3 (x_i their floats): sign_nibbles8 & sign_mask (0x88888888, or 0 for an all-zero block)
+// OR the magnitudes. Equal to pack8 of float_to_e2m1(mul_rn(x_i, inv)) when inv > 0 is finite
+// (y then has x's sign, is never NaN, and +-Inf encodes as +-6 like float_to_e2m1).
+FP4ATTN_HD uint32_t e2m1_encode8(const float (&x)[8], float inv, uint32_t w0, uint32_t w1,
+                                 uint32_t w2, uint32_t w3, uint32_t sign_mask) {
+  uint32_t t[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) t[i] = e2m1_mag_term(detail::mul_rn(x[i], inv));
+  return e2m1_pack8_magnitudes(t) | (sign_nibbles8(w0, w1, w2, w3) & sign_mask);
+}
+
 // ---- 64-bit division by a runtime constant ------------------------------------------------------
 
 // n / d for n < 2^63 and 1 <= d < 2^62 (Granlund-Montgomery: m = floor(2^64 (2^l - d) / d) + 1, l = ceil(log2 d),

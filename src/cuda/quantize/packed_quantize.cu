@@ -2,12 +2,21 @@
 // block scales, row-major or 128x4-swizzled.
 //
 // Work unit: 32 consecutive values of the logical [rows, d] matrix (two NVFP4 blocks or one
-// MXFP4 block) per thread and grid-stride iteration: four 16-byte streaming loads (64 bytes in
-// flight per thread), one 16-byte store of packed codes (8 bytes for the last unit of an odd
-// NVFP4 block count) and one scale byte per block. The block amax is taken on the 16-bit inputs
-// (packed VIMNMX.U16x2), exact and NaN-propagating as block_amax. Per element: one FMUL and the
-// ~8-instruction e2m1_code_fast. 64-bit indexing throughout; strided inputs map rows with a
-// multiplicative 64-bit division (packed::FastDiv).
+// MXFP4 block) per thread and grid-stride iteration: four 16-byte streaming loads, one 16-byte
+// store of packed codes (8 bytes for the last unit of an odd NVFP4 block count) and one scale
+// byte per block (a 16-bit store of both for even row-major scale buffers). The block amax is
+// taken on the 16-bit inputs (packed VIMNMX.U16x2), exact and NaN-propagating as block_amax.
+// 64-bit indexing throughout; strided inputs map rows with a multiplicative 64-bit division
+// (packed::FastDiv).
+//
+// NVFP4 (packed_blocks.cuh nvfp4_block_vec / _46): the loads of the next grid-stride unit are
+// issued before this unit's math; the block scale is computed with exact short sequences
+// (div6_16bit, e4m3_code_*: verified against the reference on every input on the host) and
+// s_enc / scale comes from a per-CTA shared table of the 127 scale codes; codes are packed by
+// multiply-add (e2m1_pack8_magnitudes) and the signs taken from the input bits with PRMT. When
+// s_enc * 512 overflows (s_enc / scale could be Inf), the fast kernel does nothing and
+// nvfp4_reference_kernel (launched only when that can happen) quantizes every block with the
+// reference function.
 //
 // Registers and spills (nvcc 13.0, sm_90a, -Xptxas -v, no spills in any instantiation): see
 // the table at the end of this file.
@@ -15,6 +24,7 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "cuda/quantize/packed_blocks.cuh"
 #include "cuda/quantize/packed_common.cuh"
@@ -42,6 +52,7 @@ struct QuantParams {
   RowMap rows;
   bool contiguous;
   bool swizzled;
+  bool scale_pairs;  // row-major scales at an even address: one 16-bit store per unit
   uint8_t* packed;
   uint8_t* scales;
   float s_enc;             // NVFP4: supplied value
@@ -80,39 +91,106 @@ __device__ __forceinline__ float half_values(const uint4& a, const uint4& b, flo
   return __uint_as_float(packed::Half16<T>::abs16_to_f32_bits(packed::fold_max2(acc)));
 }
 
+// The four 16-byte vectors of unit u (the second half only when it exists).
+__device__ __forceinline__ void load_unit(const QuantParams& p, int64_t u, uint4 (&v)[4]) {
+  const uint8_t* src0 = p.x + half_offset(p, 2 * u);
+  v[0] = packed::load16(src0);
+  v[1] = packed::load16(src0 + 16);
+  if (2 * u + 1 < p.blocks) {
+    const uint8_t* src1 = p.contiguous ? src0 + 32 : p.x + half_offset(p, 2 * u + 1);
+    v[2] = packed::load16(src1);
+    v[3] = packed::load16(src1 + 16);
+  } else {
+    v[2] = v[3] = make_uint4(0, 0, 0, 0);
+  }
+}
+
 template <typename T, Nvfp4ScaleRule kRule>
-__global__ void __launch_bounds__(kThreads) nvfp4_packed_kernel(const QuantParams p) {
+__device__ __forceinline__ uint32_t nvfp4_half(const uint4& a, const uint4& b, float s_enc,
+                                               const float2* table, uint32_t (&w)[2]) {
+  if constexpr (kRule == Nvfp4ScaleRule::kFourOverSix) {
+    return packed::nvfp4_block_vec_46<T>(a, b, s_enc, table, w);
+  } else {
+    return packed::nvfp4_block_vec<T, kRule>(a, b, s_enc, table, w);
+  }
+}
+
+// Every block through the reference quantizer (s_enc so large that s_enc / scale can overflow).
+// Launched after nvfp4_packed_kernel when s_enc is computed on the device or supplied that large;
+// it does nothing when the table is finite.
+template <typename T, Nvfp4ScaleRule kRule>
+__global__ void __launch_bounds__(kThreads) nvfp4_reference_kernel(const QuantParams p) {
   const float s_enc = p.s_enc_ptr != nullptr ? *p.s_enc_ptr : p.s_enc;
-  if (p.s_enc_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *p.s_enc_out = s_enc;
+  if (packed::nvfp4_table_finite(s_enc)) return;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t u = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; u < p.units;
        u += stride) {
-    const bool two = 2 * u + 1 < p.blocks;  // false only for the last unit of an odd count
     uint4 v[4];
-    const uint8_t* src0 = p.x + half_offset(p, 2 * u);
-    v[0] = packed::load16(src0);
-    v[1] = packed::load16(src0 + 16);
+    load_unit(p, u, v);
+    const bool two = 2 * u + 1 < p.blocks;
+    uint32_t w[4] = {0, 0, 0, 0};
+    const uint32_t s0 = packed::nvfp4_block_reference_raw<T, kRule>(v[0], v[1], s_enc, w);
+    __stcs(p.scales + scale_offset(p, 2 * u), static_cast<uint8_t>(s0));
     if (two) {
-      const uint8_t* src1 = p.x + half_offset(p, 2 * u + 1);
-      v[2] = packed::load16(src1);
-      v[3] = packed::load16(src1 + 16);
-    }
-    float x[16];
-    uint32_t w[4];
-    uint32_t lo[2], hi[2];
-    const uint8_t s0 = packed::nvfp4_block<kRule>(x, half_values<T>(v[0], v[1], x), s_enc, lo);
-    __stcs(p.scales + scale_offset(p, 2 * u), s0);
-    w[0] = lo[0];
-    w[1] = lo[1];
-    if (two) {
-      const uint8_t s1 = packed::nvfp4_block<kRule>(x, half_values<T>(v[2], v[3], x), s_enc, hi);
-      __stcs(p.scales + scale_offset(p, 2 * u + 1), s1);
-      w[2] = hi[0];
-      w[3] = hi[1];
+      const uint32_t s1 = packed::nvfp4_block_reference_raw<T, kRule>(v[2], v[3], s_enc, w + 2);
+      __stcs(p.scales + scale_offset(p, 2 * u + 1), static_cast<uint8_t>(s1));
       __stcs(reinterpret_cast<uint4*>(p.packed + 16 * u), make_uint4(w[0], w[1], w[2], w[3]));
     } else {
       __stcs(reinterpret_cast<uint2*>(p.packed + 16 * u), make_uint2(w[0], w[1]));
     }
+  }
+}
+
+// Quantizes and stores unit u from its four vectors.
+template <typename T, Nvfp4ScaleRule kRule>
+__device__ __forceinline__ void nvfp4_unit(const QuantParams& p, int64_t u, const uint4 (&v)[4],
+                                           float s_enc, const float2* table) {
+  const bool two = 2 * u + 1 < p.blocks;  // false only for the last unit of an odd count
+  uint32_t lo[2], hi[2];
+  const uint32_t s0 = nvfp4_half<T, kRule>(v[0], v[1], s_enc, table, lo);
+  if (two) {
+    const uint32_t s1 = nvfp4_half<T, kRule>(v[2], v[3], s_enc, table, hi);
+    if (p.scale_pairs) {
+      __stcs(reinterpret_cast<unsigned short*>(p.scales + 2 * u),
+             static_cast<unsigned short>(s0 | (s1 << 8)));
+    } else {
+      __stcs(p.scales + scale_offset(p, 2 * u), static_cast<uint8_t>(s0));
+      __stcs(p.scales + scale_offset(p, 2 * u + 1), static_cast<uint8_t>(s1));
+    }
+    __stcs(reinterpret_cast<uint4*>(p.packed + 16 * u), make_uint4(lo[0], lo[1], hi[0], hi[1]));
+  } else {
+    __stcs(p.scales + scale_offset(p, 2 * u), static_cast<uint8_t>(s0));
+    __stcs(reinterpret_cast<uint2*>(p.packed + 16 * u), make_uint2(lo[0], lo[1]));
+  }
+}
+
+// CTAs per SM the NVFP4 kernel is register-limited to (the most that ptxas fits without spills,
+// see the table at the end of this file).
+template <typename T, Nvfp4ScaleRule kRule>
+constexpr int nvfp4_min_ctas() {
+  if (kRule == Nvfp4ScaleRule::kFourOverSix) return 3;
+  return std::is_same_v<T, __half> ? 4 : 5;
+}
+
+// Grid-stride loop with the next iteration's four loads issued before this one's math (64 bytes
+// in flight per thread while it computes).
+template <typename T, Nvfp4ScaleRule kRule>
+__global__ void __launch_bounds__(kThreads, nvfp4_min_ctas<T, kRule>()) nvfp4_packed_kernel(const QuantParams p) {
+  __shared__ float2 table[128];
+  const float s_enc = p.s_enc_ptr != nullptr ? *p.s_enc_ptr : p.s_enc;
+  if (p.s_enc_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *p.s_enc_out = s_enc;
+  packed::nvfp4_fill_scale_table(s_enc, table);
+  __syncthreads();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  int64_t u = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (u >= p.units) return;
+  if (!packed::nvfp4_table_finite(s_enc)) return;  // nvfp4_reference_kernel's case
+  uint4 next[4];
+  load_unit(p, u, next);
+  for (; u < p.units; u += stride) {
+    const uint4 v[4] = {next[0], next[1], next[2], next[3]};
+    if (u + stride < p.units) load_unit(p, u + stride, next);
+    nvfp4_unit<T, kRule>(p, u, v, s_enc, table);
   }
 }
 
@@ -208,6 +286,7 @@ Status prepare(const TensorView& x, int block, ScaleLayout layout, const TensorV
   p->swizzled = layout == ScaleLayout::kSwizzled128x4;
   p->packed = static_cast<uint8_t*>(packed_out.data);
   p->scales = static_cast<uint8_t*>(scales.data);
+  p->scale_pairs = !p->swizzled && reinterpret_cast<uintptr_t>(scales.data) % 2 == 0;
   p->s_enc = 1.f;
   p->s_enc_ptr = nullptr;
   p->s_enc_out = nullptr;
@@ -222,21 +301,33 @@ void launch_padding(const QuantParams& p, int64_t rows, cudaStream_t stream) {
   zero_swizzle_padding<<<packed::grid_for(n, 256, 2), 256, 0, stream>>>(p.scales, rows, p.sf_cols);
 }
 
+// Host twin of packed::nvfp4_table_finite (same single FP32 product).
+bool table_finite_host(float s_enc) { return s_enc * 512.f <= 3.4028234e38f; }
+
+template <typename T, Nvfp4ScaleRule kRule>
+void launch_nvfp4_rule(const QuantParams& p, cudaStream_t stream) {
+  // Exactly the resident CTAs (no second, partly filled round of the grid-stride loop).
+  const int grid = packed::grid_for(p.units, kThreads, nvfp4_min_ctas<T, kRule>());
+  nvfp4_packed_kernel<T, kRule><<<grid, kThreads, 0, stream>>>(p);
+  if (p.s_enc_ptr != nullptr || !table_finite_host(p.s_enc)) {
+    nvfp4_reference_kernel<T, kRule><<<grid, kThreads, 0, stream>>>(p);
+  }
+}
+
 template <typename T>
 void launch_nvfp4(const QuantParams& p, Nvfp4ScaleRule rule, cudaStream_t stream) {
-  const int grid = packed::grid_for(p.units, kThreads);
   switch (rule) {
     case Nvfp4ScaleRule::kNearest:
-      nvfp4_packed_kernel<T, Nvfp4ScaleRule::kNearest><<<grid, kThreads, 0, stream>>>(p);
+      launch_nvfp4_rule<T, Nvfp4ScaleRule::kNearest>(p, stream);
       break;
     case Nvfp4ScaleRule::kRoundUp:
-      nvfp4_packed_kernel<T, Nvfp4ScaleRule::kRoundUp><<<grid, kThreads, 0, stream>>>(p);
+      launch_nvfp4_rule<T, Nvfp4ScaleRule::kRoundUp>(p, stream);
       break;
     case Nvfp4ScaleRule::kFourOverSix:
-      nvfp4_packed_kernel<T, Nvfp4ScaleRule::kFourOverSix><<<grid, kThreads, 0, stream>>>(p);
+      launch_nvfp4_rule<T, Nvfp4ScaleRule::kFourOverSix>(p, stream);
       break;
     case Nvfp4ScaleRule::kRestricted:
-      nvfp4_packed_kernel<T, Nvfp4ScaleRule::kRestricted><<<grid, kThreads, 0, stream>>>(p);
+      launch_nvfp4_rule<T, Nvfp4ScaleRule::kRestricted>(p, stream);
       break;
   }
 }
@@ -331,10 +422,14 @@ Status quantize_packed_mxfp4_cuda(const TensorView& x, MxScaleRule rule, ScaleLa
 }  // namespace fp4attn
 
 // Registers per thread (nvcc 13.0 -O3 -arch=sm_90a, ptxas -v; 0 spill stores/loads everywhere):
-//   nvfp4_packed_kernel  nearest / round-up / restricted: 62 (BF16 and FP16)
-//                        four-over-six: 109 (BF16), 112 (FP16)
-//   The 80-byte stack frame of the NVFP4 kernels is the out-of-line call of the reference
-//   block quantizer (nvfp4_block_reference), taken only when s_enc / scale overflows.
+//   nvfp4_packed_kernel  nearest / round-up / restricted: 48 (BF16, 5 CTAs/SM), 63-64 (FP16, 4)
+//                        four-over-six: 80 (3 CTAs/SM); no stack frame (no calls).
+//   nvfp4_reference_kernel: 64-80 with the 80-byte frame of the out-of-line reference block.
 //   mxfp4_packed_kernel: 32.  amax_kernel: 30.  dequant_kernel: 47-56.  repack kernels: 22-44.
-// SASS of the MXFP4 hot loop (cuobjdump -sass): per value one unpack (IMAD.U32 / LOP3), FMUL,
-// 2 FMNMX, LOP3, FFMA and ~6 integer ops for code, sign and nibble packing (~12 per value).
+// SASS of the NVFP4 hot loop (BF16, nearest, contiguous, row-major; cuobjdump -sass): per value
+// 9 instructions (unpack, FMUL, 2 FMNMX, LOP3, FFMA, IMAD, LEA.HI / SHF for code and packing),
+// per block of 16 ~45 (amax 21, scale code + table ~20, signs 4 PRMT + 2 LOP3), per unit of 32
+// ~73 (addresses, prefetch, 16 moves of the prefetched vectors, stores): ~451 per 32 values,
+// ~14 per value (was ~22). Four-over-six: ~22-24 per value.
+//   The MXFP4 hot loop: per value one unpack (IMAD.U32 / LOP3), FMUL, 2 FMNMX, LOP3, FFMA and
+// ~6 integer ops for code, sign and nibble packing (~12 per value).
