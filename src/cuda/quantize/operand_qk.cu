@@ -6,7 +6,9 @@
 // Passes (all on `stream`):
 //   1. smooth_k only: mean_kernel, one thread per (b, h, channel), summing the s tokens in double
 //      in token order, exactly as golden::smooth_keys (a sum in another order could round
-//      differently), then BF16_RNE(float(sum / s)) into `mean`.
+//      differently), then BF16_RNE(float(sum / s)) into `mean`. By default the sum is parallel
+//      (mean_partial_vec_kernel / mean_partial_kernel + mean_finish_kernel) wherever it is provably
+//      exact, hence identical; other channels fall back to the token-order chain.
 //   2. computed NVFP4 s_enc or mxfp4: slice_max_kernel, a per-(b, h) max over the (smoothed)
 //      slice into FP32-sized scratch words: NVFP4: the NaN-propagating amax (max of |x| bits);
 //      mxfp4: the largest finite block amax (+1, 0 = none), whose block exponent is the
@@ -292,7 +294,7 @@ __global__ void __launch_bounds__(kThreads) mean_kernel(XArgs a, int d, float* _
 constexpr bool kParallelMean = true;
 constexpr int kMeanSeg = 1024;  // tokens per partial sum
 
-struct MeanPartial {
+struct alignas(16) MeanPartial {
   double sum;         // the segment's sum (exact when the channel passes the test)
   uint32_t max_bits;  // max |x| 16-bit bits (NaN/Inf above every finite value)
   uint32_t min_exp;   // min exponent field over the nonzero values (0xFFFF: none)
@@ -334,8 +336,90 @@ __global__ void __launch_bounds__(kThreads)
   part[idx] = MeanPartial{__dadd_rn(__dadd_rn(acc[0], acc[1]), __dadd_rn(acc[2], acc[3])), mx, mn};
 }
 
+// The same partials for kD in {64, 128}, one CTA per (bh, segment): thread = 8 channels (one
+// 16-byte load per token) x one of kLanes token lanes (tokens t0 + lane + k * kLanes), the lanes
+// then combined in shared memory. The grouping differs from mean_partial_kernel's, which is
+// harmless: a partial only counts when the channel passes the exact-sum test, and then every
+// grouping gives the exact sum. Max / min-exponent as packed 16-bit maxima / minima.
+constexpr int kMeanSegVec = 512;  // tokens per CTA
+
+template <bool kF16, int kD>
+__global__ void __launch_bounds__(kThreads, 3)  // registers for 8 x 16 bytes in flight per thread
+    mean_partial_vec_kernel(XArgs a, int nseg, MeanPartial* __restrict__ part) {
+  constexpr int kM = kF16 ? 10 : 7;
+  constexpr uint32_t kEMask = kF16 ? 0x001F001Fu : 0x00FF00FFu;
+  constexpr int kGroups = kD / 8, kLanes = kThreads / kGroups;
+  __shared__ double sum_s[kLanes * kD];
+  __shared__ uint16_t mx_s[kLanes * kD], mn_s[kLanes * kD];
+  const int64_t cta = blockIdx.x;
+  const int64_t seg = cta % nseg, bh = cta / nseg;
+  const int g = threadIdx.x % kGroups, lane = threadIdx.x / kGroups;
+  const int64_t t0 = seg * kMeanSegVec, t1 = min(a.s, t0 + kMeanSegVec);
+  const uint16_t* p = a.x + (bh / a.h) * a.stride_b + (bh % a.h) * a.stride_h + 8 * g;
+  double acc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc[i] = 0.0;
+  uint32_t mx[4] = {0, 0, 0, 0}, mn[4] = {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu};
+  auto step = [&](const uint4& r) {
+    const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint32_t m = w[q] & 0x7FFF7FFFu;
+      mx[q] = __vmaxu2(mx[q], m);
+      mn[q] = __vminu2(mn[q], ((m >> kM) & kEMask) | __vcmpeq2(m, 0u));
+      float lo, hi;
+      if constexpr (kF16) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[q]));
+        lo = f.x;
+        hi = f.y;
+      } else {
+        lo = __uint_as_float(w[q] << 16);
+        hi = __uint_as_float(w[q] & 0xFFFF0000u);
+      }
+      acc[2 * q] = __dadd_rn(acc[2 * q], static_cast<double>(lo));
+      acc[2 * q + 1] = __dadd_rn(acc[2 * q + 1], static_cast<double>(hi));
+    }
+  };
+  constexpr int kUnroll = 8;
+  int64_t t = t0 + lane;
+  for (; t + (kUnroll - 1) * kLanes < t1; t += kUnroll * kLanes) {
+    uint4 r[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      r[u] = __ldg(reinterpret_cast<const uint4*>(p + (t + u * kLanes) * a.stride_s));
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) step(r[u]);
+  }
+  for (; t < t1; t += kLanes) step(__ldg(reinterpret_cast<const uint4*>(p + t * a.stride_s)));
+#pragma unroll
+  for (int i = 0; i < 8; ++i) sum_s[lane * kD + 8 * g + i] = acc[i];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int i = lane * kD + 8 * g + 2 * q;
+    mx_s[i] = static_cast<uint16_t>(mx[q]);
+    mx_s[i + 1] = static_cast<uint16_t>(mx[q] >> 16);
+    mn_s[i] = static_cast<uint16_t>(mn[q]);
+    mn_s[i + 1] = static_cast<uint16_t>(mn[q] >> 16);
+  }
+  __syncthreads();
+  if (threadIdx.x < kD) {
+    const int c = threadIdx.x;
+    double s0 = 0.0, s1 = 0.0;
+    uint32_t x = 0, n = 0xFFFFu;
+#pragma unroll
+    for (int l = 0; l < kLanes; l += 2) {
+      s0 = __dadd_rn(s0, sum_s[l * kD + c]);
+      s1 = __dadd_rn(s1, sum_s[(l + 1) * kD + c]);
+      x = max(x, max(uint32_t{mx_s[l * kD + c]}, uint32_t{mx_s[(l + 1) * kD + c]}));
+      n = min(n, min(uint32_t{mn_s[l * kD + c]}, uint32_t{mn_s[(l + 1) * kD + c]}));
+    }
+    part[cta * kD + c] = MeanPartial{__dadd_rn(s0, s1), x, n};
+  }
+}
+
 template <bool kF16>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)  // few CTAs: registers for loads in flight
     mean_finish_kernel(XArgs a, int d, int nseg, const MeanPartial* __restrict__ part,
                        float* __restrict__ mean) {
   constexpr int kM = kF16 ? 10 : 7;
@@ -345,8 +429,26 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t bh = idx / d, c = idx % d;
   double acc = 0.0;
   uint32_t mx = 0, mn = 0xFFFFu;
-  for (int seg = 0; seg < nseg; ++seg) {
-    const MeanPartial q = part[(bh * nseg + seg) * d + c];
+  // Any order of the partials gives the same sum when the channel passes the test below (and
+  // the sum is recomputed when it fails): loads batched kBatch at a time.
+  constexpr int kBatch = 16;
+  const MeanPartial* pp = part + bh * nseg * d + c;
+  int seg = 0;
+  for (; seg + kBatch <= nseg; seg += kBatch) {
+    uint4 q[kBatch];  // MeanPartial as one 16-byte load (cudaMallocAsync: 256-byte aligned)
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      q[u] = __ldg(reinterpret_cast<const uint4*>(pp + static_cast<int64_t>(seg + u) * d));
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      acc = __dadd_rn(acc, __hiloint2double(static_cast<int>(q[u].y), static_cast<int>(q[u].x)));
+      mx = max(mx, q[u].z);
+      mn = min(mn, q[u].w);
+    }
+  }
+  for (; seg < nseg; ++seg) {
+    const MeanPartial q = pp[static_cast<int64_t>(seg) * d];
     acc = __dadd_rn(acc, q.sum);
     mx = max(mx, q.max_bits);
     mn = min(mn, q.min_exp);
@@ -456,7 +558,9 @@ __device__ __forceinline__ float pow2_float(int t) {
 
 // One thread per block of kBlk elements of a row; the scale of each 128-token tile is written by
 // the thread of its first token's block 0.
-template <bool kF16, int kD, Mode kMode, Nvfp4ScaleRule kRule>
+// kSmooth: 1 / 0 when the launcher knows whether `mean` is set (separate code for the two cases
+// avoids merging the smoothed and plain values into one set of registers), -1: tested here.
+template <bool kF16, int kD, Mode kMode, Nvfp4ScaleRule kRule, int kSmooth = -1>
 __global__ void __launch_bounds__(kThreads)
     quantize_kernel(XArgs a, const float* __restrict__ mean, const uint32_t* __restrict__ slice_max,
                     float static_s_enc, void* __restrict__ data, float* __restrict__ scale) {
@@ -494,7 +598,8 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t token = u / kNb;
       const int blk = static_cast<int>(u % kNb);
       const uint16_t* src = row_chunk<kD, kBlk>(a, bh, token, blk);
-      const float* mean_c = mean ? mean + bh * kD + blk * kBlk : nullptr;
+      const bool smooth = kSmooth < 0 ? mean != nullptr : kSmooth == 1;
+      const float* mean_c = smooth ? mean + bh * kD + blk * kBlk : nullptr;
       float v[kBlk];
       const int64_t out = (bh * a.s + token) * kD + blk * kBlk;  // element offset in data
       float amax = 0.f;  // block_amax(v) (NaN-propagating; a NaN's payload is irrelevant)
@@ -527,7 +632,10 @@ __global__ void __launch_bounds__(kThreads)
           if ((sc & 0x7Fu) == 0x7Fu) o = make_uint4(0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);
           *reinterpret_cast<uint4*>(static_cast<uint8_t*>(data) + out) = o;
         } else {
-          nvfp4_fold_generic<kRule>(v, s_enc, static_cast<uint8_t*>(data) + out);
+          float vc[kBlk];  // a copy: v itself must not escape (local memory on every path)
+#pragma unroll
+          for (int i = 0; i < kBlk; ++i) vc[i] = v[i];
+          nvfp4_fold_generic<kRule>(vc, s_enc, static_cast<uint8_t*>(data) + out);
         }
       } else {
         uint32_t w[4];
@@ -698,21 +806,33 @@ Status run_passes(const Launch& l, Recipe recipe, float tensor_scale, void* data
     }
   }
   fold_table_kernel<<<1, 512, 0, l.stream>>>();
-  auto launch = [&](auto kernel) {
-    kernel<<<grid, kThreads, 0, l.stream>>>(a, l.mean, slice_max, tensor_scale, data, scale);
+  auto launch = [&](auto smooth_kernel, auto plain_kernel) {
+    if (l.mean != nullptr) {
+      smooth_kernel<<<grid, kThreads, 0, l.stream>>>(a, l.mean, slice_max, tensor_scale, data,
+                                                     scale);
+    } else {
+      plain_kernel<<<grid, kThreads, 0, l.stream>>>(a, l.mean, slice_max, tensor_scale, data,
+                                                    scale);
+    }
   };
+  constexpr Mode kNv = Mode::kNvfp4;
   switch (recipe) {
     case Recipe::kMxfp4:
-      launch(quantize_kernel<kF16, kD, Mode::kMx, Nvfp4ScaleRule::kNearest>);
+      // One kernel: the split MX kernels would take more registers (occupancy) when smoothed.
+      launch(quantize_kernel<kF16, kD, Mode::kMx, Nvfp4ScaleRule::kNearest>,
+             quantize_kernel<kF16, kD, Mode::kMx, Nvfp4ScaleRule::kNearest>);
       break;
     case Recipe::kNvfp4Hx:
-      launch(quantize_kernel<kF16, kD, Mode::kNvfp4, Nvfp4ScaleRule::kRestricted>);
+      launch(quantize_kernel<kF16, kD, kNv, Nvfp4ScaleRule::kRestricted, 1>,
+             quantize_kernel<kF16, kD, kNv, Nvfp4ScaleRule::kRestricted, 0>);
       break;
     case Recipe::kFp4Direct:
-      launch(quantize_kernel<kF16, kD, Mode::kNvfp4, Nvfp4ScaleRule::kNearest>);
+      launch(quantize_kernel<kF16, kD, kNv, Nvfp4ScaleRule::kNearest, 1>,
+             quantize_kernel<kF16, kD, kNv, Nvfp4ScaleRule::kNearest, 0>);
       break;
     default:  // nvfp4, nvfp4-fast, nvfp4-all: Four-Over-Six
-      launch(quantize_kernel<kF16, kD, Mode::kNvfp4, Nvfp4ScaleRule::kFourOverSix>);
+      launch(quantize_kernel<kF16, kD, kNv, Nvfp4ScaleRule::kFourOverSix, 1>,
+             quantize_kernel<kF16, kD, kNv, Nvfp4ScaleRule::kFourOverSix, 0>);
       break;
   }
   Status st = cuda_status(cudaGetLastError(), "quantize_kernel launch");
@@ -745,7 +865,10 @@ Status quantize_qk_operand_cuda(const TensorView& x, Recipe recipe, const Operan
     float* m = mean.as<float>();
     const int64_t n = b * h * d;
     const unsigned blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
-    const int nseg = static_cast<int>(std::max<int64_t>((s + kMeanSeg - 1) / kMeanSeg, 1));
+    const bool vec =
+        (d == 64 || d == 128) && b * h * ((s + kMeanSegVec - 1) / kMeanSegVec) <= kMaxGridX;
+    const int64_t seg_len = vec ? kMeanSegVec : kMeanSeg;
+    const int nseg = static_cast<int>(std::max<int64_t>((s + seg_len - 1) / seg_len, 1));
     if (kParallelMean && s > 0) {
       MeanPartial* part = nullptr;
       const size_t bytes = static_cast<size_t>(n) * nseg * sizeof(MeanPartial);
@@ -753,11 +876,24 @@ Status quantize_qk_operand_cuda(const TensorView& x, Recipe recipe, const Operan
           cudaMallocAsync(reinterpret_cast<void**>(&part), bytes, stream), "cudaMallocAsync"));
       const unsigned pblocks = static_cast<unsigned>((n * nseg + kThreads - 1) / kThreads);
       const int di = static_cast<int>(d);
+      const unsigned vblocks = static_cast<unsigned>(l.a.nbh * nseg);  // one CTA per segment
       if (f16) {
-        mean_partial_kernel<true><<<pblocks, kThreads, 0, stream>>>(l.a, di, nseg, part);
+        if (d == 128) {
+          mean_partial_vec_kernel<true, 128><<<vblocks, kThreads, 0, stream>>>(l.a, nseg, part);
+        } else if (d == 64) {
+          mean_partial_vec_kernel<true, 64><<<vblocks, kThreads, 0, stream>>>(l.a, nseg, part);
+        } else {
+          mean_partial_kernel<true><<<pblocks, kThreads, 0, stream>>>(l.a, di, nseg, part);
+        }
         mean_finish_kernel<true><<<blocks, kThreads, 0, stream>>>(l.a, di, nseg, part, m);
       } else {
-        mean_partial_kernel<false><<<pblocks, kThreads, 0, stream>>>(l.a, di, nseg, part);
+        if (d == 128) {
+          mean_partial_vec_kernel<false, 128><<<vblocks, kThreads, 0, stream>>>(l.a, nseg, part);
+        } else if (d == 64) {
+          mean_partial_vec_kernel<false, 64><<<vblocks, kThreads, 0, stream>>>(l.a, nseg, part);
+        } else {
+          mean_partial_kernel<false><<<pblocks, kThreads, 0, stream>>>(l.a, di, nseg, part);
+        }
         mean_finish_kernel<false><<<blocks, kThreads, 0, stream>>>(l.a, di, nseg, part, m);
       }
       Status st = cuda_status(cudaGetLastError(), "mean kernels launch");

@@ -108,6 +108,20 @@ FP4ATTN_OPERAND_NOINLINE uint32_t nvfp4_block_generic(const float* x, float s_en
   return scale;
 }
 
+// nvfp4_block_generic on copies made at the (rare) call site: passing the caller's arrays would
+// make them escape, and the compiler then keeps them in local memory on every path.
+template <Nvfp4ScaleRule kRule>
+FP4ATTN_HD uint32_t block_generic_copy(const float (&x)[kNvfp4Block], float s_enc,
+                                       uint32_t (&w)[2]) {
+  float xc[kNvfp4Block];
+  for (int i = 0; i < kNvfp4Block; ++i) xc[i] = x[i];
+  uint32_t wc[2];
+  const uint32_t sc = nvfp4_block_generic<kRule>(xc, s_enc, wc);
+  w[0] = wc[0];
+  w[1] = wc[1];
+  return sc;
+}
+
 // Eight codes, element i in bits 4i..4i+3.
 FP4ATTN_HD uint32_t pack8(const uint32_t (&c)[8]) {
   uint32_t w = 0;
@@ -172,19 +186,27 @@ FP4ATTN_HD bool fos_eval(const float (&x)[kNvfp4Block], const float (&xs)[kNvfp4
   return true;
 }
 
-// Codes 8j..8j+7 from the FMA sums (e2m1_code_fast: (bits(m) >> 22) + (bits(m) & 0xF) - 298) with
-// the sign of x (that of x * inv for inv > 0). The constant 298 is taken off the packed word once
-// (each term is in [298, 305], the differences are the 3-bit magnitudes: no borrows).
+// Bits 4i+3 = sign of x[i] (i < 8), other bits zero. Byte k of `odd` holds x[2k+1]'s top byte
+// (sign at bit 8k+7 = bit 4(2k+1)+3), byte k of `even` x[2k]'s (moved down 4 bits to 8k+3).
+FP4ATTN_HD uint32_t sign_nibbles_f8(const float* x) {
+  const uint32_t e01 = packed::prmt(float_bits(x[0]), float_bits(x[2]), 0x0073u);
+  const uint32_t e23 = packed::prmt(float_bits(x[4]), float_bits(x[6]), 0x7300u);
+  const uint32_t o01 = packed::prmt(float_bits(x[1]), float_bits(x[3]), 0x0073u);
+  const uint32_t o23 = packed::prmt(float_bits(x[5]), float_bits(x[7]), 0x7300u);
+  const uint32_t even = packed::prmt(e01, e23, 0x7610u);
+  const uint32_t odd = packed::prmt(o01, o23, 0x7610u);
+  return ((even >> 4) & 0x08080808u) | (odd & 0x80808080u);
+}
+
+// Codes 8j..8j+7 from the FMA sums (packed::e2m1_pack8_magnitudes of the terms) with the sign
+// of x (that of x * inv for inv > 0; sign_nibbles_f8).
 FP4ATTN_HD uint32_t codes_from_m(const float (&x)[kNvfp4Block], const float (&m)[kNvfp4Block],
                                  int j) {
-  uint32_t w = 0, sgn = 0;
+  // bits(m) * (2^22 + 1) is packed::e2m1_mag_term's term (m is its FMA sum).
+  uint32_t t[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t mb = float_bits(m[8 * j + i]);
-    w += ((mb >> 22) + (mb & 0xFu)) << (4 * i);
-    sgn |= ((float_bits(x[8 * j + i]) >> 28) & 0x8u) << (4 * i);
-  }
-  return (w - 298u * 0x11111111u) | sgn;
+  for (int i = 0; i < 8; ++i) t[i] = float_bits(m[8 * j + i]) * 0x400001u;
+  return packed::e2m1_pack8_magnitudes(t) | sign_nibbles_f8(x + 8 * j);
 }
 
 // nvfp4_quantize_block for 16 values with amax = block_amax(x) and s_enc finite > 0 (the caller
@@ -201,7 +223,7 @@ FP4ATTN_HD uint32_t nvfp4_block_fast(const float (&x)[kNvfp4Block], float amax,
   }
   const float flt_max = bits_float(detail::kFltMaxBits);
   float sf = detail::mul_rn(detail::div_rn(amax, kE2m1Max), s_enc);
-  if (!(sf == sf)) return nvfp4_block_generic<kRule>(x, s_enc, w);
+  if (!(sf == sf)) return block_generic_copy<kRule>(x, s_enc, w);
   sf = fminf(sf, flt_max);
   if constexpr (kRule == Nvfp4ScaleRule::kFourOverSix) {
     const float sf4 = fminf(detail::mul_rn(detail::mul_rn(amax, 0.25f), s_enc), flt_max);
@@ -212,7 +234,7 @@ FP4ATTN_HD uint32_t nvfp4_block_fast(const float (&x)[kNvfp4Block], float amax,
     for (int i = 0; i < kNvfp4Block; ++i) xs[i] = detail::mul_rn(fabsf(x[i]), s_enc);
     float e6, e4;
     if (!fos_eval(x, xs, c6, s_enc, m6, e6) || !fos_eval(x, xs, c4, s_enc, m4, e4)) {
-      return nvfp4_block_generic<kRule>(x, s_enc, w);
+      return block_generic_copy<kRule>(x, s_enc, w);
     }
     const bool use4 = e4 < e6;
     const uint32_t c = use4 ? c4 : c6;
@@ -238,13 +260,15 @@ FP4ATTN_HD uint32_t nvfp4_block_fast(const float (&x)[kNvfp4Block], float amax,
       return scale;
     }
     const float inv = detail::div_rn(s_enc, f);
-    if (!(inv <= 3.4028234e38f)) return nvfp4_block_generic<kRule>(x, s_enc, w);
+    if (!(inv <= 3.4028234e38f)) return block_generic_copy<kRule>(x, s_enc, w);
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      uint32_t c[8];
+      // Magnitudes by multiply-add (packed::e2m1_mag_term: x * inv is never NaN here, x finite
+      // and inv finite), signs those of x (inv > 0), gathered by byte permutes.
+      uint32_t t[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) c[i] = packed::e2m1_code_fast(detail::mul_rn(x[8 * j + i], inv));
-      w[j] = pack8(c);
+      for (int i = 0; i < 8; ++i) t[i] = packed::e2m1_mag_term(detail::mul_rn(x[8 * j + i], inv));
+      w[j] = packed::e2m1_pack8_magnitudes(t) | sign_nibbles_f8(x + 8 * j);
     }
     return scale;
   }

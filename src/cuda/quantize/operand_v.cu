@@ -3,15 +3,20 @@
 // [b, h_kv, d], byte for byte the host reference (src/reference/operands_host.cc on
 // golden::prepare_v; docs/numerics.md §3).
 //
-// Two kernels:
+// Two kernels (three for fp8-style):
 //  * v_stats_kernel (fp8-style recipes, nvfp4-all with a computed s_enc, fp4-direct): a column
 //    reduction over all tokens of each (b, h_kv) slice. Per 32-token block of a channel it takes
 //    the NaN-propagating max |x| on the 16-bit bits (order-preserving for |x|, NaN above Inf),
 //    and accumulates with atomicMax on FP32 bits in scratch memory: the channel amax, the slice
 //    amax and the largest *finite* 32-token block amax of the slice (stored + 1, 0 = none).
+//    One CTA per (b, h_kv, 32 x 256 / (d / 8) tokens): many CTAs, so that every SM is busy.
+//  * v_fp8_finish_kernel (fp8-style): per channel the scale and, in place of the amax, the
+//    multiplier 448 / amax (v_operand::fp8_inv_code), so that the main kernel has no division
+//    (no slow-path call: 64 registers, 4 CTAs an SM).
 //  * v_operand_kernel: one tile of T = 16384 / d tokens x d channels per CTA, no shared memory:
 //    each thread owns a register tile of 4 adjacent channels x 16 tokens (fp4-direct: 2 x 32,
-//    one 32-token block), loaded with 8-byte (4-byte) vector loads straight from x, all in flight
+//    one 32-token block; a warp is 4 token groups x 8 channel groups), loaded with 8-byte
+//    (4-byte) vector loads straight from x, all in flight
 //    before the math (tokens past s read as 0), quantized by v_operand::quantize_v_tile
 //    (operand_v_unit.cuh, host and device: the E4M3 encodes use the hardware cvt with satfinite,
 //    the FP4 rounding an FMA onto the E2M1 grid), and written as 16-byte chunks of its V^T rows;
@@ -42,7 +47,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kTileElems = 16384;  // tokens x head_dim per v_operand_kernel CTA
-constexpr int kStatIters = 8;     // 32-token block rows per v_stats_kernel thread
+constexpr int kStatIters = 1;     // 32-token block rows per v_stats_kernel thread
 
 using v_operand::kNonFinite16;
 using v_operand::kUnitTokens;
@@ -65,8 +70,9 @@ struct VParams {
 
 // ---- pre-pass: column amax ----------------------------------------------------------------
 
+// 63 registers (4 CTAs an SM); one 32-token block row per thread, its 32 loads in flight.
 template <bool kF16, int kD>
-__global__ void __launch_bounds__(kThreads) v_stats_kernel(VParams p) {
+__global__ void __launch_bounds__(kThreads, 4) v_stats_kernel(VParams p) {
   constexpr int kVecPerRow = kD / 8;
   constexpr int kBlockRows = kThreads / kVecPerRow;  // 32-token blocks per iteration
   __shared__ uint32_t s_chan[kD];
@@ -133,8 +139,10 @@ __global__ void __launch_bounds__(kThreads) v_stats_kernel(VParams p) {
 // (kTok vector loads of 2 * kCh bytes, all in flight before the math), quantized by
 // v_operand::quantize_v_tile, and written as kTok (or 2 kTok) bytes to each of its kCh V^T rows:
 // the CTA writes T contiguous bytes of every row (full 128-byte lines).
+// fp8: 64 registers a thread (4 CTAs an SM), the channel divisions being done once by
+// v_fp8_finish_kernel; the others 78-80 (3 CTAs; nvfp4-all spills at 64).
 template <VMode kMode>
-constexpr int kMinBlocks = 3;  // 85 registers a thread
+constexpr int kMinBlocks = kMode == VMode::kFp8 ? 4 : 3;
 
 template <VMode kMode, bool kF16, int kD>
 __global__ void __launch_bounds__(kThreads, kMinBlocks<kMode>) v_operand_kernel(VParams p) {
@@ -152,7 +160,16 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kMode>) v_operand_kernel(
   const uint32_t bt = blockIdx.x / h32, hi = blockIdx.x - bt * h32;
   const uint32_t bi = bt / tiles32, ti = bt - bi * tiles32;
   const int64_t bh = int64_t{bi} * p.h + hi;
-  const int cg = threadIdx.x % kG, tg = threadIdx.x / kG;
+  // Thread -> (channel group cg, token group tg): a warp is kLt token groups x kLc channel
+  // groups (channel groups fastest), so that one load instruction reads kLt tokens x kLc * 2 kCh
+  // contiguous bytes (whole sectors) and one 16-byte store instruction (kCh = 4) writes
+  // kLt * 16 = 64 contiguous bytes of each of kLc V^T rows (whole sectors), instead of 32 rows
+  // x 16 bytes (half sectors, completed by other warps) with a whole warp along the channels.
+  constexpr int kLc = 8, kLt = 32 / kLc;  // lanes along channels / tokens
+  constexpr int kWc = kG / kLc;            // warps along the channels
+  static_assert(kG % kLc == 0 && (kThreads / 32) % kWc == 0 && (kThreads / kG) % kLt == 0);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int cg = (warp % kWc) * kLc + lane % kLc, tg = (warp / kWc) * kLt + lane / kLc;
   const int64_t tok0 = int64_t{ti} * kT + tg * kTok;  // first token of this thread
   if (tok0 >= p.pitch) return;               // no V^T bytes to write (tail tile)
   const int64_t live64 = p.s - tok0;
@@ -183,8 +200,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kMode>) v_operand_kernel(
 #pragma unroll
   for (int j = 0; j < kCh; ++j) chan_amax[j] = 0;
   if constexpr (kMode == VMode::kFp8) {
-#pragma unroll
-    for (int j = 0; j < kCh; ++j) chan_amax[j] = p.chan_amax[chan0 + j];
+    // One 16-byte load (chan0 is a multiple of kCh = 4; the scratch is cudaMallocAsync'd).
+    static_assert(kCh == 4);
+    const uint4 q = *reinterpret_cast<const uint4*>(p.chan_amax + chan0);
+    chan_amax[0] = q.x;
+    chan_amax[1] = q.y;
+    chan_amax[2] = q.z;
+    chan_amax[3] = q.w;
   }
   v_operand::VUnitStats st;
   if constexpr (kMode == VMode::kNvfp4) {
@@ -194,7 +216,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kMode>) v_operand_kernel(
   if constexpr (kMode == VMode::kDirect) st.slice_fin = p.slice_fin[bh];
 
   uint32_t w[kCh * kWords];
-  v_operand::quantize_v_tile<kMode, kF16, kCh, kTok>(raw, live, chan_amax, st, w);
+  // fp8: chan_amax holds fp8_inv_code(amax) (v_fp8_finish_kernel), no division here.
+  v_operand::quantize_v_tile<kMode, kF16, kCh, kTok, kMode == VMode::kFp8>(raw, live, chan_amax,
+                                                                           st, w);
 
 #pragma unroll
   for (int j = 0; j < kCh; ++j) {
@@ -212,12 +236,23 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kMode>) v_operand_kernel(
       }
     }
   }
-  if (ti == 0 && tg == 0) {
+  // (fp8: the scales come from v_fp8_finish_kernel.)
+  if (kMode != VMode::kFp8 && ti == 0 && tg == 0) {
 #pragma unroll
     for (int j = 0; j < kCh; ++j) {
       p.scale[chan0 + j] = v_operand::channel_scale<kMode>(chan_amax[j], st);
     }
   }
+}
+
+// fp8-style, between the two passes: per channel the scale (amax / 448, from the final amax)
+// and, in place of the amax, fp8_inv_code(amax) for v_operand_kernel.
+__global__ void v_fp8_finish_kernel(uint32_t* chan_amax, float* scale, int64_t n) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= n) return;
+  const uint32_t a = chan_amax[i];
+  scale[i] = v_operand::channel_scale<VMode::kFp8>(a, v_operand::VUnitStats{});
+  chan_amax[i] = __float_as_uint(v_operand::fp8_inv_code(a));
 }
 
 __global__ void fill_kernel(float* out, int64_t n, float value) {
@@ -338,6 +373,11 @@ Status quantize_v_operand_cuda(const TensorView& x, Recipe recipe, const Operand
     } else {
       f16 ? launch_stats<true, 128>(p, blocks, stream)
           : launch_stats<false, 128>(p, blocks, stream);
+    }
+    if (mode == VMode::kFp8) {
+      const int64_t n = bh * d;
+      v_fp8_finish_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+          p.chan_amax, p.scale, n);
     }
   }
 

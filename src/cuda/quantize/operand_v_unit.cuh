@@ -182,22 +182,47 @@ FP4ATTN_HD float channel_scale(uint32_t chan_amax, const VUnitStats& st) {
   }
 }
 
+// fp8-style: the multiplier 448 / amax of a channel with a finite nonzero amax (FP32 bits),
+// FLT_MAX where the quotient overflows. fp8_inv_code: the same for any amax, 0 for amax 0 and
+// NaN for a non-finite amax (what quantize_v_tile<..., true> takes instead of the amax).
+FP4ATTN_HD float fp8_inverse(uint32_t chan_amax) {
+  const float inv = div_rn(kE4m3Max, bits_float(chan_amax));
+  return is_finite(inv) ? inv : bits_float(kFltMaxBits);
+}
+FP4ATTN_HD float fp8_inv_code(uint32_t chan_amax) {
+  const float amax = bits_float(chan_amax);
+  if (amax == 0.f) return 0.f;
+  if (!is_finite(amax)) return bits_float(kQuietNan);
+  return fp8_inverse(chan_amax);
+}
+
 // Writes, for channel j of the tile (kHi: the high half of the words raw[i]), the kTok output
 // bytes of the row (4 per word, little endian) from values v_i = half(raw[i * kWordStride]).
 // amax16: |x| bits of the whole channel block(s) as needed by the mode (see quantize_v_tile).
-template <VMode kMode, bool kF16, bool kHi, int kTok, int kWordStride>
+// kPreInv (fp8 only): chan_amax holds the FP32 bits of fp8_inv_code(amax) instead of the amax.
+template <VMode kMode, bool kF16, bool kHi, int kTok, int kWordStride, bool kPreInv = false>
 FP4ATTN_HD void quantize_v_channel(const uint32_t* raw, uint32_t chan_amax, float s_enc, int t,
                                    const uint32_t* amax16, uint32_t* words) {
   if constexpr (kMode == VMode::kFp8) {
-    const float amax = bits_float(chan_amax);
-    if (!is_finite(amax) || amax == 0.f) {
-      const uint32_t fill = amax == 0.f ? 0u : 0x7F7F7F7Fu;
-      FP4ATTN_V_UNROLL
-      for (int k = 0; k < kTok / 4; ++k) words[k] = fill;
-      return;
+    float inv;
+    if constexpr (kPreInv) {
+      inv = bits_float(chan_amax);
+      if (!(inv > 0.f)) {  // amax 0 (inv 0) or non-finite (inv NaN)
+        const uint32_t fill = inv == 0.f ? 0u : 0x7F7F7F7Fu;
+        FP4ATTN_V_UNROLL
+        for (int k = 0; k < kTok / 4; ++k) words[k] = fill;
+        return;
+      }
+    } else {
+      const float amax = bits_float(chan_amax);
+      if (!is_finite(amax) || amax == 0.f) {
+        const uint32_t fill = amax == 0.f ? 0u : 0x7F7F7F7Fu;
+        FP4ATTN_V_UNROLL
+        for (int k = 0; k < kTok / 4; ++k) words[k] = fill;
+        return;
+      }
+      inv = fp8_inverse(chan_amax);
     }
-    float inv = div_rn(kE4m3Max, amax);
-    if (!is_finite(inv)) inv = bits_float(kFltMaxBits);
     // Every x of the channel is finite, |x| <= amax: x * inv is finite (<= 448 (1 + 2^-23)).
     FP4ATTN_V_UNROLL
     for (int k = 0; k < kTok / 4; ++k) {
@@ -310,8 +335,9 @@ FP4ATTN_HD void quantize_v_channel(const uint32_t* raw, uint32_t chan_amax, floa
 // The thread tile: raw[i * (kCh / 2) + w] is word w (channels 2w, 2w + 1) of token i (0 for
 // tokens past s). live: tokens of the tile that are real (<= 0: none); the rest are written as
 // 0. chan_amax[j]: FP32 bits of channel j's amax (fp8-style). words[j * kWords + k]: output word
-// k of channel j's V^T row (kWords = kTok / 4, or kTok / 2 for bf16).
-template <VMode kMode, bool kF16, int kCh, int kTok>
+// k of channel j's V^T row (kWords = kTok / 4, or kTok / 2 for bf16). kPreInv (fp8): chan_amax[j]
+// holds the FP32 bits of fp8_inv_code(amax) (computed once per channel, out of the tile's way).
+template <VMode kMode, bool kF16, int kCh, int kTok, bool kPreInv = false>
 FP4ATTN_HD void quantize_v_tile(const uint32_t* raw, int live, const uint32_t* chan_amax,
                                 const VUnitStats& st, uint32_t* words) {
   constexpr int kW = kCh / 2;  // words per token
@@ -379,10 +405,10 @@ FP4ATTN_HD void quantize_v_tile(const uint32_t* raw, int live, const uint32_t* c
         a_lo[b] = am[w][b] & 0xFFFFu;
         a_hi[b] = am[w][b] >> 16;
       }
-      quantize_v_channel<kMode, kF16, false, kTok, kW>(raw + w, chan_amax[2 * w], s_enc, t, a_lo,
-                                                       words + (2 * w) * kWords);
-      quantize_v_channel<kMode, kF16, true, kTok, kW>(raw + w, chan_amax[2 * w + 1], s_enc, t,
-                                                      a_hi, words + (2 * w + 1) * kWords);
+      quantize_v_channel<kMode, kF16, false, kTok, kW, kPreInv>(
+          raw + w, chan_amax[2 * w], s_enc, t, a_lo, words + (2 * w) * kWords);
+      quantize_v_channel<kMode, kF16, true, kTok, kW, kPreInv>(
+          raw + w, chan_amax[2 * w + 1], s_enc, t, a_hi, words + (2 * w + 1) * kWords);
     }
   }
   // Tokens past s: 0.
