@@ -122,43 +122,6 @@ FP4ATTN_HD uint32_t block_generic_copy(const float (&x)[kNvfp4Block], float s_en
   return sc;
 }
 
-// Eight codes, element i in bits 4i..4i+3.
-FP4ATTN_HD uint32_t pack8(const uint32_t (&c)[8]) {
-  uint32_t w = 0;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) w |= c[i] << (4 * i);
-  return w;
-}
-
-// packed::four_over_six_candidate with the scale decoded by e4m3_value_fast (scale <= 0x7E).
-FP4ATTN_HD bool fos_candidate(const float (&x)[kNvfp4Block], uint32_t scale,
-                                              float s_enc, uint32_t (&w)[2], float& err_out) {
-  const float f = e4m3_value_fast(scale);
-  float inv = 0.f;
-  uint32_t keep = 0;
-  if (f != 0.f) {
-    inv = detail::div_rn(s_enc, f);
-    if (!(inv <= 3.4028234e38f)) return false;
-    keep = 0xFFFFFFFFu;
-  }
-  float err = 0.f;
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    uint32_t c[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float xi = x[8 * j + i];
-      float r;
-      c[i] = packed::e2m1_code_fast(detail::mul_rn(xi, inv), &r);
-      const float d = detail::sub_rn(detail::mul_rn(fabsf(xi), s_enc), detail::mul_rn(r, f));
-      err = fmaf(d, d, err);
-    }
-    w[j] = pack8(c) & keep;
-  }
-  err_out = err;
-  return true;
-}
-
 // One Four-Over-Six candidate without its codes: for each element the FMA sum m of
 // packed::e2m1_code_fast (from which the code follows, see codes_from_m) and the reference's FP32
 // squared error sum (nvfp4_block_sq_error: d = x * s_enc - e2m1 * f, err = fmaf(d, d, err), in
@@ -317,11 +280,7 @@ __device__ __forceinline__ uint32_t abs_max2_to_f32_bits(uint32_t acc) {
   }
 }
 
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
-}
+using packed::prmt;  // PTX prmt.b32 (default mode)
 
 // Eight packed E2M1 codes (element i in bits 4i..4i+3) -> eight folded bytes (o0: elements 0..3,
 // o1: 4..7) through the row (t0: magnitudes 0..3, t1: 4..7).
