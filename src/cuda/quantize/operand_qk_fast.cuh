@@ -209,14 +209,7 @@ FP4ATTN_HD uint32_t nvfp4_block_fast(const float (&x)[kNvfp4Block], float amax,
     w[1] = codes_from_m(x, mc, 1) & keep;
     return c;
   } else {
-    uint32_t scale;
-    if constexpr (kRule == Nvfp4ScaleRule::kNearest) {
-      scale = e4m3_code_hi_finite(sf) >> 24;
-    } else if constexpr (kRule == Nvfp4ScaleRule::kRoundUp) {
-      scale = detail::e4m3_round_up(sf);
-    } else {
-      scale = detail::e4m3_restricted_up(sf);
-    }
+    const uint32_t scale = packed::e4m3_code_for_rule<kRule>(sf);  // sf finite >= 0 here
     const float f = e4m3_value_fast(scale);
     if (f == 0.f) {
       w[0] = w[1] = 0;

@@ -104,14 +104,7 @@ __device__ __forceinline__ uint8_t nvfp4_block(const float (&x)[kNvfp4Block], fl
     w[1] = use4 ? k4.w[1] : k6.w[1];
     return use4 ? c4 : c6;
   } else {
-    uint8_t scale;
-    if constexpr (kRule == Nvfp4ScaleRule::kNearest) {
-      scale = float_to_e4m3(sf);
-    } else if constexpr (kRule == Nvfp4ScaleRule::kRoundUp) {
-      scale = detail::e4m3_round_up(sf);
-    } else {
-      scale = detail::e4m3_restricted_up(sf);
-    }
+    const uint8_t scale = static_cast<uint8_t>(e4m3_code_for_rule<kRule>(sf));  // sf finite >= 0
     const float f = e4m3_to_float(scale);
     if (f == 0.f) {
       w[0] = w[1] = 0;
