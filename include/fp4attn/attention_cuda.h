@@ -1,0 +1,50 @@
+// Forward attention on the GPU (sm_90a): the Hopper engine of docs/kernels/fwd_sm90.md.
+//
+// Two entry points:
+//  * attention_forward_operands_cuda: runs on kernel operands the caller quantized already
+//    (quantize_operand_cuda, include/fp4attn/operands.h), e.g. K/V quantized once and reused;
+//  * attention_forward_cuda: BF16/FP16 q/k/v in, quantizes them into stream-ordered scratch
+//    memory, then runs the engine.
+// Both validate every argument first and return a Status naming the bad one; nothing is launched
+// on bad input.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "fp4attn/operands.h"
+#include "fp4attn/recipe.h"
+#include "fp4attn/status.h"
+#include "fp4attn/tensor.h"
+
+namespace fp4attn {
+
+struct ForwardOptions {
+  Recipe recipe = Recipe::kFp8;
+  float softmax_scale = 0;  // 0 means 1/sqrt(head_dim)
+  bool causal = false;      // bottom-right aligned, as FlashAttention
+};
+
+struct ForwardOperands {
+  // Layouts of operands.h: q_data [b, h, s_q, d] E4M3, q_scale FP32 [b, h, ceil(s_q/128)],
+  // k_data [b, h_kv, s_k, d], k_scale [b, h_kv, ceil(s_k/128)],
+  // v_data [b, h_kv, d, s_pad16(s_k)] (key order of operands.h), v_scale [b, h_kv, d].
+  TensorView q_data, q_scale, k_data, k_scale, v_data, v_scale;
+};
+
+// o: [b, s_q, h, d] BF16 or FP16 (BSHD, d contiguous; other strides free).
+// lse: FP32 [b, h, s_q] (natural log; +inf for rows without keys) or undefined.
+Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardOptions& opt,
+                                       const TensorView& o, const TensorView& lse,
+                                       cudaStream_t stream);
+
+// q [b, s_q, h, d], k/v [b, s_k, h_kv, d]: BF16 or FP16 BSHD (d contiguous), h % h_kv == 0,
+// d 64 or 128. o and lse as above.
+Status attention_forward_cuda(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const ForwardOptions& opt, const TensorView& o,
+                              const TensorView& lse, cudaStream_t stream);
+
+// Whether the current CUDA device can run the engine (compute capability 9.0); the message says
+// why not.
+Status check_forward_device();
+
+}  // namespace fp4attn
