@@ -2,6 +2,8 @@
 //
 //   fp4attn_bench quantize [--out FILE] [--sizes 16M,256M,1G,2G] [--quick] [--warmup N] [--reps N]
 //                          [--filter TEXT] [--head-dim 64|128] [--revision SHA] [--device N] [--list]
+//   fp4attn_bench fwd [--recipes fp8,...] [--quick] [--json FILE] ...   (fwd_main.cc; --help)
+// The suite may also be named as `--suite NAME` in front.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -21,6 +23,7 @@ using fp4attn::bench::QuantizeOptions;
 void usage(FILE* f) {
   std::fprintf(f,
                "usage: fp4attn_bench quantize [options]\n"
+               "       fp4attn_bench fwd [options]   (fp4attn_bench fwd --help)\n"
                "  --out FILE        JSON output (default quantize.json)\n"
                "  --sizes LIST      BF16 input sizes, e.g. 16M,256M,1G,2G (the default)\n"
                "  --quick           16M,256M and fewer repetitions\n"
@@ -81,7 +84,23 @@ int main(int argc, char** argv) {
     usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
   }
-  const std::string suite = argv[1];
+  // `--suite NAME` / `--suite=NAME` in front names the suite too.
+  std::string suite = argv[1];
+  int first_option = 2;
+  if (suite == "--suite" && argc >= 3) {
+    suite = argv[2];
+    first_option = 3;
+  } else if (suite.rfind("--suite=", 0) == 0) {
+    suite = suite.substr(8);
+  }
+  std::string command;
+  for (int i = 0; i < argc; ++i) {
+    if (i) command += ' ';
+    command += shell_quote(argv[i]);
+  }
+  if (suite == "fwd") {
+    return fp4attn::bench::fwd_main(argc - first_option, argv + first_option, command);
+  }
   if (suite != "quantize") {
     std::fprintf(stderr, "fp4attn_bench: unknown suite '%s'\n", suite.c_str());
     usage(stderr);
@@ -92,13 +111,10 @@ int main(int argc, char** argv) {
   opt.out_path = "quantize.json";
   opt.revision = FP4ATTN_BENCH_REVISION;
   parse_sizes("16M,256M,1G,2G", &opt.sizes);
-  for (int i = 0; i < argc; ++i) {
-    if (i) opt.command += ' ';
-    opt.command += shell_quote(argv[i]);
-  }
+  opt.command = command;
 
   bool quick = false, sizes_given = false, reps_given = false;
-  for (int i = 2; i < argc; ++i) {
+  for (int i = first_option; i < argc; ++i) {
     const std::string a = argv[i];
     // Accept both "--opt value" and "--opt=value".
     std::string key = a, value;

@@ -30,4 +30,8 @@ struct QuantizeOptions : SuiteOptions {
 // "quantize" suite JSON. Returns the process exit code.
 int run_quantize_suite(const QuantizeOptions& opt);
 
+// `fp4attn_bench fwd ...` (fwd_main.cc): argv holds the options after the suite name; command is
+// the whole command line, recorded in the JSON.
+int fwd_main(int argc, char** argv, const std::string& command);
+
 }  // namespace fp4attn::bench
