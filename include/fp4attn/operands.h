@@ -1,17 +1,21 @@
 // Kernel operands: the FP4-valued E4M3 (or BF16) tensors, with block scales folded in, that the
 // forward kernels read (DESIGN.md "Where FP4 becomes FP8"; numerics.md §3 defines every rule).
 //
-// Layouts (natural key order):
-//   Q, K: data [b, h, s, d] (d contiguous: K-major for Q K^T), E4M3 bytes (BF16 for bf16);
-//         scale FP32 [b, h, ceil(s / 128)]: the factor of the rows of each 128-token tile.
+// Layouts:
+//   Q, K: data [b, h, s, d] (d contiguous: K-major for Q K^T), natural token order, E4M3 bytes
+//         (BF16 for bf16); scale FP32 [b, h, ceil(s / 128)]: the factor of the rows of each
+//         128-token tile.
 //   V:    data [b, h_kv, d, s_pad] (tokens contiguous: V transposed), s_pad = s rounded up to 16,
-//         padding 0; scale FP32 [b, h_kv, d], the factor of each channel.
+//         keys permuted inside every 16-key group (operand_v_key_at below), padding keys (>= s)
+//         0 wherever they land; scale FP32 [b, h_kv, d], the factor of each channel (unchanged by
+//         the permutation, which never leaves a 16-key block).
 // S = (Q_data K_data^T) * scale_q[row tile] * scale_k[key tile];
 // O = (P V_data) * scale_v[channel] (P's own factor and the denominator per numerics.md §4).
 #pragma once
 
 #include <cstdint>
 
+#include "fp4attn/config.h"
 #include "fp4attn/recipe.h"
 #include "fp4attn/status.h"
 #include "fp4attn/tensor.h"
@@ -28,6 +32,22 @@ inline int64_t operand_v_pitch(int64_t s) {
 }
 inline int64_t operand_scale_tiles(int64_t s) {
   return (s + kOperandTileTokens - 1) / kOperandTileTokens;
+}
+
+// V key order. The P·V MMA takes P from registers as the FP8 wgmma A operand, where a thread
+// holds 4 consecutive K positions 4t..4t+3 of each 16-wide group (t = lane % 4); the FP32
+// accumulator of Q·K^T gives that thread keys {2t, 2t+1, 2t+8, 2t+9} of each 16-key group. So V^T
+// stores at position p of group g the key 16g + 2(p >> 2) + (p & 1) + 8((p >> 1) & 1): positions
+// 0..15 hold keys 0,1,8,9, 2,3,10,11, 4,5,12,13, 6,7,14,15, and P needs no shuffle. Every
+// recipe's V uses this order (bf16 included); Q and K keep the natural order.
+FP4ATTN_HD constexpr int64_t operand_v_key_at(int64_t position) {
+  const int64_t p = position & 15;
+  return (position & ~int64_t{15}) + 2 * (p >> 2) + (p & 1) + 8 * ((p >> 1) & 1);
+}
+// The inverse: the position of key `key` in its V^T row.
+FP4ATTN_HD constexpr int64_t operand_v_position_of(int64_t key) {
+  const int64_t k = key & 15;
+  return (key & ~int64_t{15}) + 4 * ((k >> 1) & 3) + (k & 1) + 2 * (k >> 3);
 }
 
 struct OperandOptions {

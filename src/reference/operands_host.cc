@@ -1,5 +1,6 @@
 // Host reference of the kernel operands: the golden model's folded operands (golden_operands)
-// written out as bytes in the kernel layouts of include/fp4attn/operands.h.
+// written out as bytes in the kernel layouts of include/fp4attn/operands.h (V in the permuted key
+// order of operand_v_position_of).
 #include <cstring>
 #include <string>
 
@@ -45,8 +46,9 @@ Status quantize_operand_host(const TensorView& x, Recipe recipe, OperandRole rol
       const int64_t pitch = operand_v_pitch(s);
       for (int64_t c = 0; c < d; ++c) {
         const int64_t row = (bh * d + c) * pitch;
+        // Key t goes to its permuted position (operands.h); padding keys are 0.
         for (int64_t t = 0; t < pitch; ++t)
-          store_code(data, row + t, t < s ? op.val[t * d + c] : 0);
+          store_code(data, row + operand_v_position_of(t), t < s ? op.val[t * d + c] : 0);
         sc[bh * d + c] = static_cast<float>(op.factor[c]);
       }
     } else {

@@ -51,8 +51,8 @@ TEST(OperandsHost, VIsTransposedAndPaddedWithZeros) {
   for (int64_t bh = 0; bh < b * h; ++bh) {
     for (int64_t c = 0; c < d; ++c) {
       const float sc = v.scale[bh * d + c];
-      for (int64_t t = 0; t < pitch; ++t) {
-        const uint8_t code = v.data[(bh * d + c) * pitch + t];
+      for (int64_t t = 0; t < pitch; ++t) {  // key t (its position: operands.h)
+        const uint8_t code = v.data[(bh * d + c) * pitch + operand_v_position_of(t)];
         if (t >= s) {
           EXPECT_EQ(code, 0) << "padding";
           continue;

@@ -20,7 +20,8 @@
 //    before the math (tokens past s read as 0), quantized by v_operand::quantize_v_tile
 //    (operand_v_unit.cuh, host and device: the E4M3 encodes use the hardware cvt with satfinite,
 //    the FP4 rounding an FMA onto the E2M1 grid), and written as 16-byte chunks of its V^T rows;
-//    the CTA covers T contiguous bytes of each row. Tokens >= s are written as 0.
+//    the CTA covers T contiguous bytes of each row, keys permuted inside each 16-token group
+//    (operands.h operand_v_key_at: a byte shuffle in registers). Tokens >= s are written as 0.
 // Recipe rules (golden_operands.cc prepare_v):
 //  * bf16: BF16(x) (RNE, NaN quieted as common/half.h), scale 1.
 //  * fp8, nvfp4, nvfp4-hx, mxfp4, nvfp4-fast: fp8_quantize_block over all s tokens of a channel.
@@ -220,6 +221,19 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks<kMode>) v_operand_kernel(
   v_operand::quantize_v_tile<kMode, kF16, kCh, kTok, kMode == VMode::kFp8>(raw, live, chan_amax,
                                                                            st, w);
 
+  // V^T key order (operands.h): permute inside each 16-token group before the stores (padding
+  // was zeroed in natural order, so it stays 0 wherever it lands).
+#pragma unroll
+  for (int j = 0; j < kCh; ++j) {
+#pragma unroll
+    for (int g = 0; g < kTok / 16; ++g) {
+      if constexpr (kBytesPerToken == 1) {
+        v_operand::permute_keys16_bytes(w + j * kWords + 4 * g);
+      } else {
+        v_operand::permute_keys16_halves(w + j * kWords + 8 * g);
+      }
+    }
+  }
 #pragma unroll
   for (int j = 0; j < kCh; ++j) {
     uint8_t* row = static_cast<uint8_t*>(p.data) + ((chan0 + j) * p.pitch + tok0) * kBytesPerToken;

@@ -101,6 +101,43 @@ FP4ATTN_HD uint32_t vmaxu2(uint32_t a, uint32_t b) {
 #endif
 }
 
+// V^T key order (operands.h operand_v_key_at): positions 0..15 of a 16-key group hold keys
+// 0,1,8,9, 2,3,10,11, 4,5,12,13, 6,7,14,15. g[0..3]: the group's natural-order bytes (key 4k+i in
+// byte i of g[k]), rewritten in place: four PRMTs, each joining a key pair of g[k] with the pair
+// 8 keys later in g[k + 2].
+FP4ATTN_HD uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(a, b, sel);
+#else
+  const uint64_t ab = (uint64_t{b} << 32) | a;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const int byte = (sel >> (4 * i)) & 7;
+    r |= static_cast<uint32_t>((ab >> (8 * byte)) & 0xFFu) << (8 * i);
+  }
+  return r;
+#endif
+}
+FP4ATTN_HD void permute_keys16_bytes(uint32_t* g) {
+  const uint32_t w0 = g[0], w1 = g[1], w2 = g[2], w3 = g[3];
+  g[0] = byte_perm(w0, w2, 0x5410);  // keys 0, 1, 8, 9
+  g[1] = byte_perm(w0, w2, 0x7632);  // keys 2, 3, 10, 11
+  g[2] = byte_perm(w1, w3, 0x5410);  // keys 4, 5, 12, 13
+  g[3] = byte_perm(w1, w3, 0x7632);  // keys 6, 7, 14, 15
+}
+// The same for 16-bit codes: g[0..7] hold keys 2k, 2k + 1 in g[k]; whole words move (register
+// renaming only).
+FP4ATTN_HD void permute_keys16_halves(uint32_t* g) {
+  uint32_t w[8];
+  FP4ATTN_V_UNROLL
+  for (int k = 0; k < 8; ++k) w[k] = g[k];
+  FP4ATTN_V_UNROLL
+  for (int k = 0; k < 4; ++k) {
+    g[2 * k] = w[k];          // keys 2k, 2k + 1
+    g[2 * k + 1] = w[k + 4];  // keys 2k + 8, 2k + 9
+  }
+}
+
 // E4M3 codes of two finite floats (lo in bits 0..7, hi in bits 8..15): RNE incl. subnormals,
 // finite overflow saturates to +-448, -0 -> 0x80: float_to_e4m3 on finite inputs. The device
 // uses cvt.rn.satfinite.e4m3x2.f32, which is float_to_e4m3 for every finite float (sweep:
