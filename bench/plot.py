@@ -10,6 +10,8 @@ still written.
 
 quantize: TB/s and efficiency (TB/s / copy_tbps of the same run) against input bytes, per case.
 peers: TFLOP/s against sequence length, one panel per (d, causal), one line per backend.
+fwd (bench/fwd_record.py's merged record): per recipe a table against cuDNN BF16 and FA2 with
+issue 4's targets, the FA3-shape accuracy; the plot: speedup over cuDNN and TFLOP/s per d.
 Any other suite: a table of the usual record fields and a bar chart of tflops or tbps.
 """
 
@@ -199,6 +201,135 @@ def peers_png(doc, path, plt):
     fig.savefig(path, dpi=110)
 
 
+# ---- fwd --------------------------------------------------------------------------------------
+
+FWD_CUDNN, FWD_FLASH = "sdpa-cudnn-bf16", "sdpa-flash-bf16"
+
+
+def fwd_by_peer(doc, peer):
+    """{(recipe, d, causal, s): record} of the merged records against `peer`."""
+    return {(r["recipe"], r["d"], r["causal"], r["s_q"]): r
+            for r in doc.get("records", []) if r.get("peer") == peer}
+
+
+def fwd_recipes(doc):
+    return list(OrderedDict.fromkeys(r["recipe"] for r in doc.get("records", [])))
+
+
+def fwd_md(doc):
+    cud, fa2 = fwd_by_peer(doc, FWD_CUDNN), fwd_by_peer(doc, FWD_FLASH)
+    lines = []
+    if doc.get("sm_clock_mhz") is not None:
+        lines.append(f"SM clock under load (clock64 spin after each point): ours "
+                     f"{fmt(doc.get('sm_clock_mhz'), 4)} MHz (min {fmt(doc.get('sm_clock_min_mhz'), 4)},"
+                     f" peak {fmt(doc.get('sm_clock_peak_mhz'), 4)}), peers "
+                     f"{fmt(doc.get('peer_sm_clock_mhz'), 4)} MHz.\n")
+    lines.append("TFLOP/s = 4·b·h·s²·d (halved for causal) / median kernel time (quantization "
+                 "apart: quant ms, Q+K+V); × = peer ms / our ms; target: issue 4's bar against "
+                 "cuDNN BF16; cos and rel-L2 against float64 on 256 sampled rows of one (batch, "
+                 "head).\n")
+    header = ["d", "causal", "s", "b x h", "ms", "TFLOP/s", "cuDNN TFLOP/s", "× cuDNN", "target",
+              "FA2 TFLOP/s", "× FA2", "quant ms", "cos", "rel-L2"]
+    errors = []
+    for recipe in fwd_recipes(doc):
+        rows = []
+        for k in sorted(k for k in cud if k[0] == recipe):
+            r, f = cud[k], fa2.get(k, {})
+            if "error" in r:
+                errors.append(f"* {recipe} {r['case']}: {r['error']}")
+                rows.append([r["d"], fmt(r["causal"]), r["s_q"], f"{r['b']} x {r['h']}", "error"]
+                            + [""] * (len(header) - 5))
+                continue
+            mark = ("" if r.get("meets_target") is None
+                    else " ✓" if r["meets_target"] else " ✗")
+            rows.append([r["d"], fmt(r["causal"]), r["s_q"], f"{r['b']} x {r['h']}",
+                         fmt(r.get("ms"), 4), fmt(r.get("tflops"), 4),
+                         fmt(r.get("peer_tflops"), 4), fmt(r.get("speedup"), 3) + mark,
+                         fmt(r.get("target_speedup"), 3), fmt(f.get("peer_tflops"), 4),
+                         fmt(f.get("speedup"), 3), fmt(r.get("quant_ms"), 3),
+                         fmt(r.get("cos"), 7), fmt(r.get("rel_l2"), 3)])
+        lines += [f"### {recipe}", "", md_table(header, rows), ""]
+        summ = (doc.get("summary") or {}).get(recipe)
+        if summ:
+            lines += [f"{summ['meets_target']} of {summ['points']} points meet the target; "
+                      f"speedup over cuDNN BF16 min {fmt(summ.get('min_speedup'), 3)}, "
+                      f"geometric mean {fmt(summ.get('geomean_speedup'), 3)}.", ""]
+    acc = doc.get("accuracy") or []
+    if acc:
+        rows = []
+        for a in acc:
+            who = a.get("peer") or f"fp4attn {a.get('recipe')}"
+            where = (f"{a['slices_compared']} of {a['slices_total']} (batch, head) slices"
+                     if "slices_compared" in a else a.get("reference", ""))
+            rows.append([a.get("case"), who, "error: " + a["error"] if "error" in a
+                         else fmt(a.get("cos"), 7), fmt(a.get("rel_l2"), 4), where])
+        lines += ["### Accuracy at FA3's comparison shape (b=8, h=16, s=2048, d=128, N(0,1))", "",
+                  "Full output against float64; FlashAttention-3 FP8: cos 0.9986, rel-L2 0.053.",
+                  "", md_table(["case", "kernel", "cos", "rel-L2", "compared"], rows), ""]
+    for w in doc.get("warnings", []):
+        errors.append(f"* warning: {w}")
+    if errors:
+        lines += ["Errors and warnings:", ""] + errors[:30]
+    return "\n".join(lines)
+
+
+def fwd_png(doc, path, plt):
+    cud, fa2 = fwd_by_peer(doc, FWD_CUDNN), fwd_by_peer(doc, FWD_FLASH)
+    dims = sorted({k[1] for k in cud}) or [128]
+    seqs = sorted({k[3] for k in cud})
+    fig, axes = plt.subplots(2, len(dims), figsize=(7 * len(dims), 10), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for j, d in enumerate(dims):
+        ax_sp, ax_tf = axes[0][j], axes[1][j]
+        for i, recipe in enumerate(fwd_recipes(doc)):
+            for causal, style in ((False, "o-"), (True, "s--")):
+                pts = sorted((k[3], r) for k, r in cud.items()
+                             if k[0] == recipe and k[1] == d and k[2] == causal and "speedup" in r)
+                if not pts:
+                    continue
+                label = f"{recipe} {'causal' if causal else 'non-causal'}"
+                xs = [s for s, _ in pts]
+                ax_sp.plot(xs, [r["speedup"] for _, r in pts], style, color=colors[i % 10],
+                           label=label)
+                ax_tf.plot(xs, [r["tflops"] for _, r in pts], style, color=colors[i % 10],
+                           label=label)
+        # The peers' own TFLOP/s (the same for every recipe: take the first one's records).
+        first = fwd_recipes(doc)[:1]
+        for peer_map, name, color in ((cud, "cuDNN BF16", "black"), (fa2, "FA2 BF16", "gray")):
+            for causal, style in ((False, "o:"), (True, "s:")):
+                pts = sorted((k[3], r["peer_tflops"]) for k, r in peer_map.items()
+                             if k[0] in first and k[1] == d and k[2] == causal
+                             and "peer_tflops" in r)
+                if pts:
+                    ax_tf.plot(*zip(*pts), style, color=color,
+                               label=f"{name} {'causal' if causal else 'non-causal'}")
+        targets = [(s, next((r["target_speedup"] for k, r in cud.items()
+                             if k[1] == d and k[3] == s), 1.0)) for s in seqs]
+        if targets:
+            ax_sp.step([s for s, _ in targets], [t for _, t in targets], where="mid",
+                       color="red", ls=":", lw=1.5, label="issue 4 target")
+        ax_sp.axhline(1.0, color="black", lw=0.8)
+        ceil = (doc.get("ceilings") or {}).get("fp8_gemm_tflops")
+        if ceil:
+            ax_tf.axhline(ceil, color="gray", ls="--", lw=1, label="FP8 GEMM ceiling")
+        for ax, ylabel in ((ax_sp, "speedup over cuDNN BF16 (peer ms / ms)"),
+                           (ax_tf, "TFLOP/s")):
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(seqs, [f"{s // 1024}k" if s >= 1024 else str(s) for s in seqs])
+            ax.set_xlabel("sequence length (16k tokens in total)")
+            ax.set_ylabel(ylabel)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+        ax_sp.set_title(f"d={d}: speedup over cuDNN BF16")
+        ax_tf.set_title(f"d={d}: TFLOP/s")
+        ax_sp.set_ylim(bottom=0)
+        ax_tf.set_ylim(bottom=0)
+    fig.suptitle(f"fwd — {doc.get('device')} @ {doc.get('revision')}, SM clock "
+                 f"{fmt(doc.get('sm_clock_mhz'), 4)} MHz")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 # ---- any other suite --------------------------------------------------------------------------
 
 GENERIC_FIELDS = ("case", "recipe", "peer", "b", "h", "h_kv", "s_q", "s_k", "d", "causal", "ms",
@@ -227,7 +358,8 @@ def generic_png(doc, path, plt):
     return True
 
 
-SUITES = {"quantize": (quantize_md, quantize_png), "peers": (peers_md, peers_png)}
+SUITES = {"quantize": (quantize_md, quantize_png), "peers": (peers_md, peers_png),
+          "fwd": (fwd_md, fwd_png)}
 
 
 def load_pyplot():
