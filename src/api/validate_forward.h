@@ -1,0 +1,30 @@
+// Argument checks of the forward entry points
+// (include/fp4attn/attention_cuda.h), on the host so that they are tested on
+// machines without a GPU.
+#pragma once
+
+#include "fp4attn/attention_cuda.h"
+
+namespace fp4attn {
+
+// Shapes of a validated forward problem.
+struct ForwardShape {
+  int64_t b = 0, h = 0, h_kv = 0, s_q = 0, s_k = 0, d = 0;
+};
+
+// The recipes the GPU engine runs today.
+bool forward_recipe_supported(Recipe recipe);
+
+// Checks operands (operands.h layouts), o, lse and options; fills `shape`.
+Status validate_forward_operands(const ForwardOperands &in,
+                                 const ForwardOptions &opt, const TensorView &o,
+                                 const TensorView &lse, ForwardShape *shape);
+
+// Checks BSHD q/k/v (BF16/FP16, d contiguous), o, lse and options; fills
+// `shape`.
+Status validate_forward_inputs(const TensorView &q, const TensorView &k,
+                               const TensorView &v, const ForwardOptions &opt,
+                               const TensorView &o, const TensorView &lse,
+                               ForwardShape *shape);
+
+} // namespace fp4attn
