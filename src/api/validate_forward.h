@@ -3,7 +3,7 @@
 // machines without a GPU.
 #pragma once
 
-#include "fp4attn/attention_cuda.h"
+#include "fp4attn/attention.h"
 
 namespace fp4attn {
 
