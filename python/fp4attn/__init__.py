@@ -1,0 +1,34 @@
+"""fp4attn: FP4/FP8 attention for PyTorch (NVIDIA Hopper kernels, a CPU golden model).
+
+    o = fp4attn.attn_func(q, k, v, causal=True, recipe="nvfp4")   # like flash_attn_func
+
+CPU tensors run on the golden model (the bit-exact definition of every recipe, slow); CUDA
+tensors on the GPU kernels. See docs/python.md.
+"""
+
+from ._native import UnsupportedError, _C
+from ._checks import RECIPES
+from .api import attn_func, attn_quantized, quantize_q, quantize_qkv
+from .quantized import QuantizedQKV
+
+__version__ = "0.1.0"
+
+
+def cuda_available() -> bool:
+    """Whether attention on CUDA tensors can run: a GPU is visible and this build has the GPU
+    engine compiled in (the device itself must also be a Hopper, see check_forward_device)."""
+    import torch
+
+    return bool(_C.has_cuda() and _C.has_cuda_attention() and torch.cuda.is_available())
+
+
+__all__ = [
+    "RECIPES",
+    "QuantizedQKV",
+    "UnsupportedError",
+    "attn_func",
+    "attn_quantized",
+    "cuda_available",
+    "quantize_q",
+    "quantize_qkv",
+]

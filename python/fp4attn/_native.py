@@ -1,0 +1,54 @@
+"""The native extension and the few helpers every module needs to call it."""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    from . import _C
+except ImportError as e:  # a source checkout without a build
+    raise ImportError(
+        "fp4attn: the native extension fp4attn._C is missing; install the package with "
+        "`pip install .` from the repository root (see docs/python.md)"
+    ) from e
+
+
+class UnsupportedError(NotImplementedError, ValueError):
+    """A valid request this build or device cannot run yet (e.g. a recipe the GPU engine lacks).
+
+    It is both a NotImplementedError (it is a limitation, not a user error) and a ValueError (the
+    argument named in the message is the one to change).
+    """
+
+
+def cuda_stream(device: torch.device) -> int:
+    """The raw handle of the current stream of `device`, which every CUDA call launches on."""
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+def require_cuda_build(what: str, attention: bool) -> None:
+    if not _C.has_cuda():
+        raise UnsupportedError(
+            f"{what}: this fp4attn build has no CUDA support (nvcc was not found when it was "
+            "built); reinstall on a machine with the CUDA toolkit, or pass CPU tensors"
+        )
+    if attention and not _C.has_cuda_attention():
+        raise UnsupportedError(
+            f"{what}: this fp4attn build has the GPU quantizers but not the GPU attention engine "
+            "yet; pass CPU tensors to run the golden model"
+        )
+
+
+def run_cuda(fn, *args):
+    """Calls a CUDA entry point; a refused recipe becomes UnsupportedError."""
+    try:
+        return fn(*args)
+    except ValueError as e:
+        if str(e).startswith("recipe:"):
+            raise UnsupportedError(str(e)) from None
+        raise
+
+
+def as_codes(t: torch.Tensor) -> torch.Tensor:
+    """FP8 operand data travel to the extension as uint8 (float8 DLPack export is recent)."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t

@@ -1,0 +1,158 @@
+"""The public functions: attention on q/k/v (flash_attn_func's signature), and the quantize-once
+pair quantize_qkv / attn_quantized."""
+
+from __future__ import annotations
+
+import torch
+
+from . import _checks, _ops
+from .quantized import QuantizedQKV
+
+_QUANTIZE_CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _to_bshd(t: torch.Tensor, layout: str) -> torch.Tensor:
+    return t if layout == "bshd" else t.transpose(1, 2)  # a view; the kernels take any strides
+
+
+def _result(o: torch.Tensor, lse: torch.Tensor, layout: str, return_lse: bool):
+    # BHSD callers get a view of the BSHD output: .transpose(1, 2) of it is contiguous again.
+    o = o if layout == "bshd" else o.transpose(1, 2)
+    return (o, lse) if return_lse else o
+
+
+def attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    recipe: str = "nvfp4",
+    return_lse: bool = False,
+    layout: str = "bshd",
+):
+    """Attention with the operands quantized by `recipe` (docs/numerics.md).
+
+    q [b, s_q, h, d], k and v [b, s_k, h_kv, d] for layout "bshd" (flash_attn_func's), or
+    [b, h, s, d] for "bhsd" (torch SDPA's); h % h_kv == 0 (GQA/MQA), d 64 or 128, head_dim
+    contiguous. CUDA: float16/bfloat16; CPU (the golden model): also float32/float64.
+    softmax_scale defaults to 1/sqrt(d); causal is bottom-right aligned (FlashAttention's
+    convention). Returns o in q's layout and dtype, and with return_lse also lse float32
+    [b, h, s_q] (natural log).
+    """
+    _checks.check_layout(layout)
+    _checks.check_qkv(q, k, v, layout)
+    scale = _checks.check_softmax_scale(softmax_scale)
+    _checks.check_bool(causal, "causal")
+    _checks.check_bool(return_lse, "return_lse")
+    _checks.check_recipe(recipe)
+    o, lse = _ops.attn_fwd(_to_bshd(q, layout), _to_bshd(k, layout), _to_bshd(v, layout), recipe,
+                           scale, causal)
+    return _result(o, lse, layout, return_lse)
+
+
+def _tensor_scale(value: float | None, name: str) -> float:
+    if value is None:
+        return 0.0
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"{name}: expected a float or None, got {type(value).__name__}")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{name}: expected a finite value > 0 (None = computed), got {value}")
+    return float(value)
+
+
+def _check_quantize_dtype(t: torch.Tensor, name: str) -> None:
+    if t.device.type != "cuda" and t.dtype not in _QUANTIZE_CPU_DTYPES:
+        raise TypeError(f"{name}: dtype {t.dtype} is not supported by quantize_qkv on CPU "
+                        "(supported: float16, bfloat16, float32)")
+
+
+def quantize_qkv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    recipe: str = "nvfp4",
+    layout: str = "bshd",
+    q_tensor_scale: float | None = None,
+    k_tensor_scale: float | None = None,
+    v_tensor_scale: float | None = None,
+) -> QuantizedQKV:
+    """Quantizes q, k, v into the kernel operands of `recipe` (see QuantizedQKV).
+
+    Same inputs as attn_func (float64 excepted). *_tensor_scale: a static NVFP4 encode scale
+    s_enc (e.g. from a checkpoint) for the nvfp4 recipes; None computes it per (batch, head).
+    """
+    _checks.check_layout(layout)
+    _checks.check_qkv(q, k, v, layout)
+    _checks.check_recipe(recipe)
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        _check_quantize_dtype(t, name)
+    scales = [_tensor_scale(s, n) for s, n in ((q_tensor_scale, "q_tensor_scale"),
+                                              (k_tensor_scale, "k_tensor_scale"),
+                                              (v_tensor_scale, "v_tensor_scale"))]
+    ops = [_ops.quantize_operand(_to_bshd(t, layout), recipe, role, s)
+           for t, role, s in ((q, "q", scales[0]), (k, "k", scales[1]), (v, "v", scales[2]))]
+    (q_data, q_scale), (k_data, k_scale), (v_data, v_scale) = ops
+    return QuantizedQKV(q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, q.dtype,
+                        layout)
+
+
+def quantize_q(
+    q: torch.Tensor, recipe: str = "nvfp4", layout: str = "bshd",
+    tensor_scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Q operand alone (q_data, q_scale), e.g. a new query against quantized K/V."""
+    _checks.check_layout(layout)
+    _checks.check_recipe(recipe)
+    dims = "(batch, seqlen_q, heads, head_dim)" if layout == "bshd" else \
+        "(batch, heads, seqlen_q, head_dim)"
+    _checks.check_tensor(q, "q", 4, dims)
+    _checks.check_device(q, "q", q, "q")
+    _checks.check_input_dtype(q, "q")
+    _check_quantize_dtype(q, "q")
+    _checks.check_last_dim_contiguous(q, "q")
+    _checks.check_head_dim(q.shape[3], "q")
+    return _ops.quantize_operand(_to_bshd(q, layout), recipe, "q",
+                                 _tensor_scale(tensor_scale, "tensor_scale"))
+
+
+def _check_operands(qkv: QuantizedQKV) -> None:
+    if not isinstance(qkv, QuantizedQKV):
+        raise TypeError(f"qkv: expected a QuantizedQKV (from quantize_qkv), got "
+                        f"{type(qkv).__name__}")
+    _checks.check_recipe(qkv.recipe)
+    _checks.check_layout(qkv.layout)
+    names = ("q_data", "q_scale", "k_data", "k_scale", "v_data", "v_scale")
+    ranks = (4, 3, 4, 3, 4, 3)
+    for name, rank in zip(names, ranks):
+        t = _checks.check_tensor(getattr(qkv, name), name, rank, "(see QuantizedQKV)")
+        _checks.check_device(t, name, qkv.q_data, "q_data")
+    code = _ops.operand_dtype(qkv.recipe)
+    for name in ("q_data", "k_data", "v_data"):
+        if getattr(qkv, name).dtype != code:
+            raise TypeError(f"{name}: expected dtype {code} for recipe {qkv.recipe!r}, got "
+                            f"{getattr(qkv, name).dtype}")
+    if qkv.out_dtype not in _checks.CPU_DTYPES:
+        raise TypeError(f"out_dtype: {qkv.out_dtype} is not a supported output dtype")
+    _checks.check_head_dim(qkv.q_data.shape[3], "q_data")
+
+
+def attn_quantized(
+    qkv: QuantizedQKV,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    return_lse: bool = False,
+):
+    """Attention over operands from quantize_qkv: the result of attn_func on the same inputs.
+
+    On CPU this runs the golden model's arithmetic on the operands (bit-identical to attn_func
+    on CPU); on CUDA the engine reads the operands directly. The output has qkv.out_dtype and
+    qkv.layout.
+    """
+    _check_operands(qkv)
+    scale = _checks.check_softmax_scale(softmax_scale)
+    _checks.check_bool(causal, "causal")
+    _checks.check_bool(return_lse, "return_lse")
+    o, lse = _ops.attn_operands_fwd(qkv.q_data, qkv.q_scale, qkv.k_data, qkv.k_scale, qkv.v_data,
+                                    qkv.v_scale, qkv.recipe, scale, causal, qkv.out_dtype)
+    return _result(o, lse, qkv.layout, return_lse)

@@ -1,0 +1,105 @@
+// CUDA entry points (built when nvcc is): the GPU operand quantizer and, once the library has it,
+// the forward engine. Every call takes the caller's stream as an integer (torch's
+// current_stream().cuda_stream) and launches on it; nothing here synchronizes.
+#include <cuda_runtime_api.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <string>
+
+#include "fp4attn/operands_cuda.h"
+#include "python/args.h"
+#include "python/bindings.h"
+#include "python/status_error.h"
+#ifdef FP4ATTN_PY_CUDA_ATTENTION
+#include "fp4attn/attention_cuda.h"
+#endif
+
+namespace fp4attn::py {
+namespace {
+
+cudaStream_t stream_arg(uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
+
+void quantize_operand_cuda_py(const Array& x, const std::string& recipe, const std::string& role,
+                              double tensor_scale, bool smooth_k, const Array& data,
+                              const Array& scale, const OptArray& mean, uintptr_t stream) {
+  require_cuda({{&x, "x"}, {&data, "data"}, {&scale, "scale"}});
+  if (mean) require_cuda({{&x, "x"}, {&*mean, "mean"}});
+  OperandOptions opt;
+  opt.tensor_scale = static_cast<float>(tensor_scale);
+  opt.smooth_k = smooth_k;
+  const Recipe r = recipe_arg(recipe);
+  throw_if_error(quantize_operand_cuda(to_view(x, "x"), r, role_arg(role), opt,
+                                       to_view(data, "data", r != Recipe::kBf16),
+                                       to_view(scale, "scale"), optional_view(mean, "mean"),
+                                       stream_arg(stream)));
+}
+
+#ifdef FP4ATTN_PY_CUDA_ATTENTION
+ForwardOptions forward_options(const std::string& recipe, double softmax_scale, bool causal) {
+  ForwardOptions opt;
+  opt.recipe = recipe_arg(recipe);
+  opt.softmax_scale = static_cast<float>(softmax_scale);
+  opt.causal = causal;
+  return opt;
+}
+
+void attention_cuda(const Array& q, const Array& k, const Array& v, const Array& o,
+                    const OptArray& lse, const std::string& recipe, double softmax_scale,
+                    bool causal, uintptr_t stream) {
+  require_cuda({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"}});
+  if (lse) require_cuda({{&q, "q"}, {&*lse, "lse"}});
+  throw_if_error(attention_forward_cuda(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
+                                        forward_options(recipe, softmax_scale, causal),
+                                        to_view(o, "o"), optional_view(lse, "lse"),
+                                        stream_arg(stream)));
+}
+
+void attention_operands_cuda(const Array& q_data, const Array& q_scale, const Array& k_data,
+                             const Array& k_scale, const Array& v_data, const Array& v_scale,
+                             const Array& o, const OptArray& lse, const std::string& recipe,
+                             double softmax_scale, bool causal, uintptr_t stream) {
+  require_cuda({{&q_data, "q_data"},
+                {&q_scale, "q_scale"},
+                {&k_data, "k_data"},
+                {&k_scale, "k_scale"},
+                {&v_data, "v_data"},
+                {&v_scale, "v_scale"},
+                {&o, "o"}});
+  if (lse) require_cuda({{&o, "o"}, {&*lse, "lse"}});
+  const ForwardOptions opt = forward_options(recipe, softmax_scale, causal);
+  const bool e4m3 = opt.recipe != Recipe::kBf16;
+  ForwardOperands in{to_view(q_data, "q_data", e4m3), to_view(q_scale, "q_scale"),
+                     to_view(k_data, "k_data", e4m3), to_view(k_scale, "k_scale"),
+                     to_view(v_data, "v_data", e4m3), to_view(v_scale, "v_scale")};
+  throw_if_error(attention_forward_operands_cuda(in, opt, to_view(o, "o"),
+                                                 optional_view(lse, "lse"), stream_arg(stream)));
+}
+#endif
+
+}  // namespace
+
+void bind_cuda(nb::module_& m) {
+  using nb::arg;
+  m.def("has_cuda", [] { return true; });
+  m.def("quantize_operand_cuda", &quantize_operand_cuda_py, arg("x"), arg("recipe"), arg("role"),
+        arg("tensor_scale"), arg("smooth_k"), arg("data"), arg("scale"), arg("mean").none(),
+        arg("stream"), "GPU kernel operand of one role, launched on `stream`.");
+#ifdef FP4ATTN_PY_CUDA_ATTENTION
+  m.def("has_cuda_attention", [] { return true; });
+  m.def("attention_cuda", &attention_cuda, arg("q"), arg("k"), arg("v"), arg("o"),
+        arg("lse").none(), arg("recipe"), arg("softmax_scale"), arg("causal"), arg("stream"),
+        "GPU forward attention on BF16/FP16 BSHD q/k/v, launched on `stream`.");
+  m.def("attention_operands_cuda", &attention_operands_cuda, arg("q_data"), arg("q_scale"),
+        arg("k_data"), arg("k_scale"), arg("v_data"), arg("v_scale"), arg("o"),
+        arg("lse").none(), arg("recipe"), arg("softmax_scale"), arg("causal"), arg("stream"),
+        "GPU forward attention over kernel operands, launched on `stream`.");
+  m.def("check_forward_device", [] { throw_if_error(check_forward_device()); },
+        "Raises ValueError saying why the current device cannot run the engine.");
+#else
+  m.def("has_cuda_attention", [] { return false; });
+#endif
+}
+
+}  // namespace fp4attn::py

@@ -1,0 +1,114 @@
+// Host (CPU) entry points: the golden model for attention, the host reference of the kernel
+// operands, and attention over those operands.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fp4attn/golden.h"
+#include "fp4attn/operands.h"
+#include "python/args.h"
+#include "python/bindings.h"
+#include "python/host_operand_attention.h"
+#include "python/status_error.h"
+
+namespace fp4attn::py {
+namespace {
+
+void golden_forward(const Array& q, const Array& k, const Array& v, const Array& o,
+                    const OptArray& lse, const std::string& recipe, double softmax_scale,
+                    bool causal) {
+  require_host({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"}});
+  if (lse) require_host({{&*lse, "lse"}});
+  RecipeOptions opt;
+  opt.recipe = recipe_arg(recipe);
+  opt.softmax_scale = softmax_scale;
+  opt.causal = causal;
+  const TensorView qv = to_view(q, "q"), kv = to_view(k, "k"), vv = to_view(v, "v");
+  const TensorView ov = to_view(o, "o"), lv = optional_view(lse, "lse");
+  Status st;
+  {
+    nb::gil_scoped_release unlocked;  // seconds of work on big inputs
+    st = golden_attention_forward(qv, kv, vv, opt, ov, lv);
+  }
+  throw_if_error(st);
+}
+
+void quantize_operand_host_py(const Array& x, const std::string& recipe, const std::string& role,
+                              double tensor_scale, bool smooth_k, const Array& data,
+                              const Array& scale, const OptArray& mean) {
+  require_host({{&x, "x"}, {&data, "data"}, {&scale, "scale"}});
+  if (mean) require_host({{&*mean, "mean"}});
+  OperandOptions opt;
+  opt.tensor_scale = static_cast<float>(tensor_scale);
+  opt.smooth_k = smooth_k;
+  const Recipe r = recipe_arg(recipe);
+  const TensorView xv = to_view(x, "x"), dv = to_view(data, "data", r != Recipe::kBf16);
+  const TensorView sv = to_view(scale, "scale"), mv = optional_view(mean, "mean");
+  Status st;
+  {
+    nb::gil_scoped_release unlocked;
+    st = quantize_operand_host(xv, r, role_arg(role), opt, dv, sv, mv);
+  }
+  throw_if_error(st);
+}
+
+void attention_operands_host(const Array& q_data, const Array& q_scale, const Array& k_data,
+                             const Array& k_scale, const Array& v_data, const Array& v_scale,
+                             const Array& o, const OptArray& lse, const std::string& recipe,
+                             double softmax_scale, bool causal) {
+  require_host({{&q_data, "q_data"},
+                {&q_scale, "q_scale"},
+                {&k_data, "k_data"},
+                {&k_scale, "k_scale"},
+                {&v_data, "v_data"},
+                {&v_scale, "v_scale"},
+                {&o, "o"}});
+  if (lse) require_host({{&*lse, "lse"}});
+  RecipeOptions opt;
+  opt.recipe = recipe_arg(recipe);
+  opt.softmax_scale = softmax_scale;
+  opt.causal = causal;
+  const bool e4m3 = opt.recipe != Recipe::kBf16;
+  const HostOperands in{to_view(q_data, "q_data", e4m3), to_view(q_scale, "q_scale"),
+                        to_view(k_data, "k_data", e4m3), to_view(k_scale, "k_scale"),
+                        to_view(v_data, "v_data", e4m3), to_view(v_scale, "v_scale")};
+  const TensorView ov = to_view(o, "o"), lv = optional_view(lse, "lse");
+  Status st;
+  {
+    nb::gil_scoped_release unlocked;
+    st = attention_forward_operands_host(in, opt, ov, lv);
+  }
+  throw_if_error(st);
+}
+
+std::vector<std::pair<std::string, std::string>> recipes() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (Recipe r : kAllRecipes) out.emplace_back(recipe_name(r), recipe_summary(r));
+  return out;
+}
+
+}  // namespace
+
+void bind_host(nb::module_& m) {
+  using nb::arg;
+  m.def("golden_forward", &golden_forward, arg("q"), arg("k"), arg("v"), arg("o"),
+        arg("lse").none(), arg("recipe"), arg("softmax_scale"), arg("causal"),
+        "CPU golden model forward (BSHD); writes o and lse (None to skip).");
+  m.def("quantize_operand_host", &quantize_operand_host_py, arg("x"), arg("recipe"), arg("role"),
+        arg("tensor_scale"), arg("smooth_k"), arg("data"), arg("scale"), arg("mean").none(),
+        "Host reference of the kernel operand of one role (operands.h layouts).");
+  m.def("attention_operands_host", &attention_operands_host, arg("q_data"), arg("q_scale"),
+        arg("k_data"), arg("k_scale"), arg("v_data"), arg("v_scale"), arg("o"),
+        arg("lse").none(), arg("recipe"), arg("softmax_scale"), arg("causal"),
+        "Attention over kernel operands on the CPU, with the golden model's arithmetic.");
+  m.def("recipes", &recipes, "(name, summary) of every recipe.");
+  m.def("operand_v_pitch", &operand_v_pitch, arg("seqlen"));
+  m.def("operand_scale_tiles", &operand_scale_tiles, arg("seqlen"));
+}
+
+}  // namespace fp4attn::py

@@ -1,0 +1,13 @@
+// The parts of the _C module, each registered by its own file.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+namespace fp4attn::py {
+
+void bind_host(nanobind::module_& m);
+// CUDA entry points; without CUDA (or without the attention engine) the same names exist and
+// raise, so Python code needs no import-time branches (bind_cuda.cc / bind_cuda_stub.cc).
+void bind_cuda(nanobind::module_& m);
+
+}  // namespace fp4attn::py

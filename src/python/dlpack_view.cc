@@ -1,0 +1,63 @@
+#include "python/dlpack_view.h"
+
+#include <string>
+
+namespace fp4attn::py {
+namespace {
+
+namespace dl = nb::dlpack;
+
+bool dtype_of(dl::dtype t, DType* out) {
+  using Code = dl::dtype_code;
+  if (t.lanes != 1) return false;
+  const auto code = static_cast<Code>(t.code);
+  if (code == Code::Float && t.bits == 64) *out = DType::kF64;
+  else if (code == Code::Float && t.bits == 32) *out = DType::kF32;
+  else if (code == Code::Float && t.bits == 16) *out = DType::kF16;
+  else if (code == Code::Bfloat && t.bits == 16) *out = DType::kBF16;
+  else if (code == Code::UInt && t.bits == 8) *out = DType::kU8;
+  else if (code == Code::Int && t.bits == 32) *out = DType::kI32;
+  else if (code == Code::Float8_E4M3FN && t.bits == 8) *out = DType::kE4M3;
+  else return false;
+  return true;
+}
+
+}  // namespace
+
+TensorView to_view(const nb::ndarray<>& a, const char* name, bool as_e4m3) {
+  TensorView v;
+  if (!dtype_of(a.dtype(), &v.dtype)) {
+    throw nb::type_error((std::string(name) + ": unsupported dtype (code " +
+                          std::to_string(a.dtype().code) + ", " +
+                          std::to_string(a.dtype().bits) + " bits)")
+                             .c_str());
+  }
+  if (as_e4m3) {
+    if (v.dtype != DType::kU8 && v.dtype != DType::kE4M3) {
+      throw nb::type_error(
+          (std::string(name) + ": E4M3 codes must be float8_e4m3fn or uint8").c_str());
+    }
+    v.dtype = DType::kE4M3;
+  }
+  if (a.ndim() > static_cast<size_t>(kMaxRank)) {
+    throw nb::value_error((std::string(name) + ": rank " + std::to_string(a.ndim()) +
+                           " is above the maximum of " + std::to_string(kMaxRank))
+                              .c_str());
+  }
+  v.data = a.data();
+  v.rank = static_cast<int>(a.ndim());
+  for (int i = 0; i < v.rank; ++i) {
+    v.shape[i] = static_cast<int64_t>(a.shape(i));
+    v.stride[i] = a.stride(i);  // DLPack strides are in elements, as TensorView's
+  }
+  return v;
+}
+
+bool is_host(const nb::ndarray<>& a) {
+  const int t = a.device_type();
+  return t == nb::device::cpu::value || t == nb::device::cuda_host::value;
+}
+
+bool is_cuda(const nb::ndarray<>& a) { return a.device_type() == nb::device::cuda::value; }
+
+}  // namespace fp4attn::py
