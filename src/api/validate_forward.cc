@@ -9,83 +9,76 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-Status check_contiguous(const TensorView &t, const char *name,
-                        std::initializer_list<int64_t> shape, DType dtype) {
+Status check_contiguous(const TensorView& t, const char* name, std::initializer_list<int64_t> shape,
+                        DType dtype) {
   FP4ATTN_RETURN_IF_ERROR(check_not_null(t, name));
   const TensorView expected = make_view(nullptr, dtype, shape);
   bool same = t.rank == expected.rank && t.dtype == dtype && t.is_contiguous();
-  for (int i = 0; same && i < t.rank; ++i)
-    same = t.shape[i] == expected.shape[i];
+  for (int i = 0; same && i < t.rank; ++i) same = t.shape[i] == expected.shape[i];
   if (!same) {
-    return Status::Invalid(std::string(name) + ": expected a contiguous " +
-                           dtype_name(dtype) + " tensor of shape " +
-                           expected.shape_str() + ", got " +
+    return Status::Invalid(std::string(name) + ": expected a contiguous " + dtype_name(dtype) +
+                           " tensor of shape " + expected.shape_str() + ", got " +
                            dtype_name(t.dtype) + " " + t.shape_str() +
                            (t.is_contiguous() ? "" : " (not contiguous)"));
   }
   return Status::Ok();
 }
 
-Status check_aligned(const void *p, const char *name, int bytes) {
+Status check_aligned(const void* p, const char* name, int bytes) {
   if (reinterpret_cast<uintptr_t>(p) % bytes != 0) {
-    return Status::Invalid(std::string(name) + ": expected a " +
-                           std::to_string(bytes) + "-byte aligned pointer");
+    return Status::Invalid(std::string(name) + ": expected a " + std::to_string(bytes) +
+                           "-byte aligned pointer");
   }
   return Status::Ok();
 }
 
-Status check_options(const ForwardOptions &opt) {
+Status check_options(const ForwardOptions& opt) {
   if (!forward_recipe_supported(opt.recipe)) {
-    return Status::Invalid(
-        std::string("recipe: '") + recipe_name(opt.recipe) +
-        "' does not run on the GPU engine yet (supported: fp8)");
+    return Status::Invalid(std::string("recipe: '") + recipe_name(opt.recipe) +
+                           "' does not run on the GPU engine yet (supported: fp8)");
   }
   if (!std::isfinite(opt.softmax_scale) || opt.softmax_scale < 0) {
-    return Status::Invalid("softmax_scale: expected a finite value > 0 (0 = "
-                           "1/sqrt(head_dim)), got " +
-                           std::to_string(opt.softmax_scale));
+    return Status::Invalid(
+        "softmax_scale: expected a finite value > 0 (0 = "
+        "1/sqrt(head_dim)), got " +
+        std::to_string(opt.softmax_scale));
   }
   return Status::Ok();
 }
 
 // o [b, s_q, h, d] BF16/FP16 with d contiguous and 4-byte aligned rows; lse
 // FP32 [b, h, s_q].
-Status check_outputs(const TensorView &o, const TensorView &lse,
-                     const ForwardShape &sh) {
-  FP4ATTN_RETURN_IF_ERROR(
-      check_rank(o, "o", 4, "(batch, seqlen_q, heads, head_dim)"));
+Status check_outputs(const TensorView& o, const TensorView& lse, const ForwardShape& sh) {
+  FP4ATTN_RETURN_IF_ERROR(check_rank(o, "o", 4, "(batch, seqlen_q, heads, head_dim)"));
   FP4ATTN_RETURN_IF_ERROR(check_dtype(o, "o", {DType::kBF16, DType::kF16}));
   FP4ATTN_RETURN_IF_ERROR(check_not_null(o, "o"));
   FP4ATTN_RETURN_IF_ERROR(check_strides(o, "o"));
   const int64_t want[4] = {sh.b, sh.s_q, sh.h, sh.d};
   for (int i = 0; i < 4; ++i) {
     if (o.shape[i] != want[i]) {
-      return Status::Invalid("o: expected shape (" + str(sh.b) + ", " +
-                             str(sh.s_q) + ", " + str(sh.h) + ", " + str(sh.d) +
-                             "), got " + o.shape_str());
+      return Status::Invalid("o: expected shape (" + str(sh.b) + ", " + str(sh.s_q) + ", " +
+                             str(sh.h) + ", " + str(sh.d) + "), got " + o.shape_str());
     }
   }
   if (o.stride[0] % 2 || o.stride[1] % 2 || o.stride[2] % 2) {
-    return Status::Invalid(
-        "o: batch, seqlen and head strides must be even (pairs are stored)");
+    return Status::Invalid("o: batch, seqlen and head strides must be even (pairs are stored)");
   }
   FP4ATTN_RETURN_IF_ERROR(check_aligned(o.data, "o", 4));
   if (lse.defined()) {
-    FP4ATTN_RETURN_IF_ERROR(
-        check_contiguous(lse, "lse", {sh.b, sh.h, sh.s_q}, DType::kF32));
+    FP4ATTN_RETURN_IF_ERROR(check_contiguous(lse, "lse", {sh.b, sh.h, sh.s_q}, DType::kF32));
   }
   return Status::Ok();
 }
 
 Status check_heads(int64_t h, int64_t h_kv) {
   if (h_kv <= 0 || h % h_kv != 0) {
-    return Status::Invalid("k: kv heads (" + str(h_kv) +
-                           ") must divide the query heads (" + str(h) + ")");
+    return Status::Invalid("k: kv heads (" + str(h_kv) + ") must divide the query heads (" +
+                           str(h) + ")");
   }
   return Status::Ok();
 }
 
-Status check_head_dim(int64_t d, const char *name) {
+Status check_head_dim(int64_t d, const char* name) {
   if (d != 64 && d != 128) {
     return Status::Invalid(std::string(name) + ": head_dim " + str(d) +
                            " is not supported (supported: 64, 128)");
@@ -94,29 +87,25 @@ Status check_head_dim(int64_t d, const char *name) {
 }
 
 // The kernel indexes rows and tiles with 32-bit ints.
-Status check_sizes(const ForwardShape &sh) {
+Status check_sizes(const ForwardShape& sh) {
   const int64_t kMax = int64_t(1) << 30;
   if (sh.s_q >= kMax || sh.s_k >= kMax || sh.b * sh.h >= (int64_t(1) << 31)) {
-    return Status::Invalid(
-        "q: sequence length or batch x heads too large for the kernel");
+    return Status::Invalid("q: sequence length or batch x heads too large for the kernel");
   }
   return Status::Ok();
 }
 
-} // namespace
+}  // namespace
 
 bool forward_recipe_supported(Recipe recipe) { return recipe == Recipe::kFp8; }
 
-Status validate_forward_operands(const ForwardOperands &in,
-                                 const ForwardOptions &opt, const TensorView &o,
-                                 const TensorView &lse, ForwardShape *shape) {
+Status validate_forward_operands(const ForwardOperands& in, const ForwardOptions& opt,
+                                 const TensorView& o, const TensorView& lse, ForwardShape* shape) {
   FP4ATTN_RETURN_IF_ERROR(check_options(opt));
+  FP4ATTN_RETURN_IF_ERROR(check_rank(in.q_data, "q_data", 4, "(batch, heads, seqlen, head_dim)"));
+  FP4ATTN_RETURN_IF_ERROR(check_rank(in.k_data, "k_data", 4, "(batch, heads, seqlen, head_dim)"));
   FP4ATTN_RETURN_IF_ERROR(
-      check_rank(in.q_data, "q_data", 4, "(batch, heads, seqlen, head_dim)"));
-  FP4ATTN_RETURN_IF_ERROR(
-      check_rank(in.k_data, "k_data", 4, "(batch, heads, seqlen, head_dim)"));
-  FP4ATTN_RETURN_IF_ERROR(check_rank(in.v_data, "v_data", 4,
-                                     "(batch, heads, head_dim, seqlen_pad)"));
+      check_rank(in.v_data, "v_data", 4, "(batch, heads, head_dim, seqlen_pad)"));
   ForwardShape sh;
   sh.b = in.q_data.shape[0];
   sh.h = in.q_data.shape[1];
@@ -126,25 +115,22 @@ Status validate_forward_operands(const ForwardOperands &in,
   sh.s_k = in.k_data.shape[2];
   FP4ATTN_RETURN_IF_ERROR(check_head_dim(sh.d, "q_data"));
   if (in.k_data.shape[0] != sh.b) {
-    return Status::Invalid("k_data: batch " + str(in.k_data.shape[0]) +
-                           " differs from q_data's " + str(sh.b));
+    return Status::Invalid("k_data: batch " + str(in.k_data.shape[0]) + " differs from q_data's " +
+                           str(sh.b));
   }
   FP4ATTN_RETURN_IF_ERROR(check_heads(sh.h, sh.h_kv));
-  FP4ATTN_RETURN_IF_ERROR(check_contiguous(
-      in.q_data, "q_data", {sh.b, sh.h, sh.s_q, sh.d}, DType::kE4M3));
-  FP4ATTN_RETURN_IF_ERROR(check_contiguous(
-      in.k_data, "k_data", {sh.b, sh.h_kv, sh.s_k, sh.d}, DType::kE4M3));
-  FP4ATTN_RETURN_IF_ERROR(check_contiguous(
-      in.v_data, "v_data", {sh.b, sh.h_kv, sh.d, operand_v_pitch(sh.s_k)},
-      DType::kE4M3));
   FP4ATTN_RETURN_IF_ERROR(
-      check_contiguous(in.q_scale, "q_scale",
-                       {sh.b, sh.h, operand_scale_tiles(sh.s_q)}, DType::kF32));
+      check_contiguous(in.q_data, "q_data", {sh.b, sh.h, sh.s_q, sh.d}, DType::kE4M3));
+  FP4ATTN_RETURN_IF_ERROR(
+      check_contiguous(in.k_data, "k_data", {sh.b, sh.h_kv, sh.s_k, sh.d}, DType::kE4M3));
   FP4ATTN_RETURN_IF_ERROR(check_contiguous(
-      in.k_scale, "k_scale", {sh.b, sh.h_kv, operand_scale_tiles(sh.s_k)},
-      DType::kF32));
-  FP4ATTN_RETURN_IF_ERROR(check_contiguous(in.v_scale, "v_scale",
-                                           {sh.b, sh.h_kv, sh.d}, DType::kF32));
+      in.v_data, "v_data", {sh.b, sh.h_kv, sh.d, operand_v_pitch(sh.s_k)}, DType::kE4M3));
+  FP4ATTN_RETURN_IF_ERROR(check_contiguous(in.q_scale, "q_scale",
+                                           {sh.b, sh.h, operand_scale_tiles(sh.s_q)}, DType::kF32));
+  FP4ATTN_RETURN_IF_ERROR(check_contiguous(
+      in.k_scale, "k_scale", {sh.b, sh.h_kv, operand_scale_tiles(sh.s_k)}, DType::kF32));
+  FP4ATTN_RETURN_IF_ERROR(
+      check_contiguous(in.v_scale, "v_scale", {sh.b, sh.h_kv, sh.d}, DType::kF32));
   // TMA reads 16-byte aligned global tensors.
   FP4ATTN_RETURN_IF_ERROR(check_aligned(in.q_data.data, "q_data", 16));
   FP4ATTN_RETURN_IF_ERROR(check_aligned(in.k_data.data, "k_data", 16));
@@ -155,18 +141,15 @@ Status validate_forward_operands(const ForwardOperands &in,
   return Status::Ok();
 }
 
-Status validate_forward_inputs(const TensorView &q, const TensorView &k,
-                               const TensorView &v, const ForwardOptions &opt,
-                               const TensorView &o, const TensorView &lse,
-                               ForwardShape *shape) {
+Status validate_forward_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const ForwardOptions& opt, const TensorView& o,
+                               const TensorView& lse, ForwardShape* shape) {
   FP4ATTN_RETURN_IF_ERROR(check_options(opt));
-  const char *names[3] = {"q", "k", "v"};
-  const TensorView *ts[3] = {&q, &k, &v};
+  const char* names[3] = {"q", "k", "v"};
+  const TensorView* ts[3] = {&q, &k, &v};
   for (int i = 0; i < 3; ++i) {
-    FP4ATTN_RETURN_IF_ERROR(
-        check_rank(*ts[i], names[i], 4, "(batch, seqlen, heads, head_dim)"));
-    FP4ATTN_RETURN_IF_ERROR(
-        check_dtype(*ts[i], names[i], {DType::kBF16, DType::kF16}));
+    FP4ATTN_RETURN_IF_ERROR(check_rank(*ts[i], names[i], 4, "(batch, seqlen, heads, head_dim)"));
+    FP4ATTN_RETURN_IF_ERROR(check_dtype(*ts[i], names[i], {DType::kBF16, DType::kF16}));
     FP4ATTN_RETURN_IF_ERROR(check_not_null(*ts[i], names[i]));
     FP4ATTN_RETURN_IF_ERROR(check_strides(*ts[i], names[i]));
   }
@@ -180,35 +163,31 @@ Status validate_forward_inputs(const TensorView &q, const TensorView &k,
   FP4ATTN_RETURN_IF_ERROR(check_head_dim(sh.d, "q"));
   for (int i = 1; i < 3; ++i) {
     if (ts[i]->dtype != q.dtype) {
-      return Status::Invalid(std::string(names[i]) + ": dtype " +
-                             dtype_name(ts[i]->dtype) + " differs from q's " +
-                             dtype_name(q.dtype));
+      return Status::Invalid(std::string(names[i]) + ": dtype " + dtype_name(ts[i]->dtype) +
+                             " differs from q's " + dtype_name(q.dtype));
     }
     if (ts[i]->shape[0] != sh.b) {
-      return Status::Invalid(std::string(names[i]) + ": batch " +
-                             str(ts[i]->shape[0]) + " differs from q's " +
-                             str(sh.b));
+      return Status::Invalid(std::string(names[i]) + ": batch " + str(ts[i]->shape[0]) +
+                             " differs from q's " + str(sh.b));
     }
     if (ts[i]->shape[3] != sh.d) {
-      return Status::Invalid(std::string(names[i]) + ": head_dim " +
-                             str(ts[i]->shape[3]) + " differs from q's " +
-                             str(sh.d));
+      return Status::Invalid(std::string(names[i]) + ": head_dim " + str(ts[i]->shape[3]) +
+                             " differs from q's " + str(sh.d));
     }
   }
   if (v.shape[1] != sh.s_k || v.shape[2] != sh.h_kv) {
-    return Status::Invalid("v: expected (seqlen, heads) = (" + str(sh.s_k) +
-                           ", " + str(sh.h_kv) + ") like k, got " +
-                           v.shape_str());
+    return Status::Invalid("v: expected (seqlen, heads) = (" + str(sh.s_k) + ", " + str(sh.h_kv) +
+                           ") like k, got " + v.shape_str());
   }
   FP4ATTN_RETURN_IF_ERROR(check_heads(sh.h, sh.h_kv));
   FP4ATTN_RETURN_IF_ERROR(check_sizes(sh));
   FP4ATTN_RETURN_IF_ERROR(check_outputs(o, lse, sh));
   if (o.dtype != q.dtype) {
-    return Status::Invalid(std::string("o: dtype ") + dtype_name(o.dtype) +
-                           " differs from q's " + dtype_name(q.dtype));
+    return Status::Invalid(std::string("o: dtype ") + dtype_name(o.dtype) + " differs from q's " +
+                           dtype_name(q.dtype));
   }
   *shape = sh;
   return Status::Ok();
 }
 
-} // namespace fp4attn
+}  // namespace fp4attn

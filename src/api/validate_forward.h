@@ -16,15 +16,13 @@ struct ForwardShape {
 bool forward_recipe_supported(Recipe recipe);
 
 // Checks operands (operands.h layouts), o, lse and options; fills `shape`.
-Status validate_forward_operands(const ForwardOperands &in,
-                                 const ForwardOptions &opt, const TensorView &o,
-                                 const TensorView &lse, ForwardShape *shape);
+Status validate_forward_operands(const ForwardOperands& in, const ForwardOptions& opt,
+                                 const TensorView& o, const TensorView& lse, ForwardShape* shape);
 
 // Checks BSHD q/k/v (BF16/FP16, d contiguous), o, lse and options; fills
 // `shape`.
-Status validate_forward_inputs(const TensorView &q, const TensorView &k,
-                               const TensorView &v, const ForwardOptions &opt,
-                               const TensorView &o, const TensorView &lse,
-                               ForwardShape *shape);
+Status validate_forward_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const ForwardOptions& opt, const TensorView& o,
+                               const TensorView& lse, ForwardShape* shape);
 
-} // namespace fp4attn
+}  // namespace fp4attn

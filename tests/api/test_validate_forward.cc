@@ -34,19 +34,15 @@ struct Operands {
     lse.assign(b * h * s_q, 0);
     in.q_data = make_view(align(qd.data()), DType::kE4M3, {b, h, s_q, d});
     in.k_data = make_view(align(kd.data()), DType::kE4M3, {b, h_kv, s_k, d});
-    in.v_data = make_view(align(vd.data()), DType::kE4M3,
-                          {b, h_kv, d, operand_v_pitch(s_k)});
-    in.q_scale =
-        make_view(qs.data(), DType::kF32, {b, h, operand_scale_tiles(s_q)});
-    in.k_scale =
-        make_view(ks.data(), DType::kF32, {b, h_kv, operand_scale_tiles(s_k)});
+    in.v_data = make_view(align(vd.data()), DType::kE4M3, {b, h_kv, d, operand_v_pitch(s_k)});
+    in.q_scale = make_view(qs.data(), DType::kF32, {b, h, operand_scale_tiles(s_q)});
+    in.k_scale = make_view(ks.data(), DType::kF32, {b, h_kv, operand_scale_tiles(s_k)});
     in.v_scale = make_view(vs.data(), DType::kF32, {b, h_kv, d});
     to = make_view(o.data(), DType::kBF16, {b, s_q, h, d});
     tl = make_view(lse.data(), DType::kF32, {b, h, s_q});
   }
-  static void *align(uint8_t *p) {
-    return reinterpret_cast<void *>((reinterpret_cast<uintptr_t>(p) + 63) &
-                                    ~uintptr_t(63));
+  static void* align(uint8_t* p) {
+    return reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
   }
   Status check(ForwardOptions opt = {}) const {
     ForwardShape sh;
@@ -54,7 +50,7 @@ struct Operands {
   }
 };
 
-void expect_error(const Status &st, const std::string &needle) {
+void expect_error(const Status& st, const std::string& needle) {
   ASSERT_FALSE(st.ok()) << "expected an error mentioning '" << needle << "'";
   EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
 }
@@ -93,12 +89,12 @@ TEST(ValidateForward, RejectsBadOperands) {
   }
   {
     Operands ops;
-    ops.in.k_data.data = static_cast<uint8_t *>(ops.in.k_data.data) + 1;
+    ops.in.k_data.data = static_cast<uint8_t*>(ops.in.k_data.data) + 1;
     expect_error(ops.check(), "k_data: expected a 16-byte aligned");
   }
   {
     Operands ops;
-    ops.in.v_data.shape[3] = ops.s_k; // unpadded V^T
+    ops.in.v_data.shape[3] = ops.s_k;  // unpadded V^T
     expect_error(ops.check(), "v_data");
   }
   {
@@ -118,7 +114,7 @@ TEST(ValidateForward, RejectsBadOperands) {
   }
   {
     Operands ops;
-    ops.to.data = reinterpret_cast<uint8_t *>(ops.o.data()) + 2;
+    ops.to.data = reinterpret_cast<uint8_t*>(ops.o.data()) + 2;
     expect_error(ops.check(), "o: expected a 4-byte aligned");
   }
 }
@@ -145,17 +141,15 @@ TEST(ValidateForward, RejectsBadBshdInputs) {
   const TensorView k16 = make_view(buf.data(), DType::kF16, {b, s, h, d});
   expect_error(validate_forward_inputs(q, k16, q, {}, o, {}, &sh), "k: dtype");
   const TensorView k3 = make_view(buf.data(), DType::kBF16, {b, s, 3, d});
-  expect_error(validate_forward_inputs(q, k3, k3, {}, o, {}, &sh),
-               "must divide");
+  expect_error(validate_forward_inputs(q, k3, k3, {}, o, {}, &sh), "must divide");
   const TensorView v2 = make_view(buf.data(), DType::kBF16, {2, s, h, d});
   expect_error(validate_forward_inputs(q, q, v2, {}, o, {}, &sh), "v: batch");
   const TensorView f32 = make_view(buf.data(), DType::kF32, {b, s, h, d});
   expect_error(validate_forward_inputs(f32, q, q, {}, o, {}, &sh), "q");
-  const TensorView strided =
-      make_strided_view(buf.data(), DType::kBF16, {b, s, h, d},
-                        {s * h * d * 2, h * d * 2, d * 2, 2});
+  const TensorView strided = make_strided_view(buf.data(), DType::kBF16, {b, s, h, d},
+                                               {s * h * d * 2, h * d * 2, d * 2, 2});
   expect_error(validate_forward_inputs(strided, q, q, {}, o, {}, &sh), "q");
 }
 
-} // namespace
-} // namespace fp4attn
+}  // namespace
+}  // namespace fp4attn

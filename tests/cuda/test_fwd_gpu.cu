@@ -41,29 +41,25 @@ uint64_t fresh_seed() {
   return (uint64_t(rd()) << 32) ^ rd();
 }
 
-template <typename T> struct DeviceArray {
-  T *ptr = nullptr;
+template <typename T>
+struct DeviceArray {
+  T* ptr = nullptr;
   size_t n = 0;
   explicit DeviceArray(size_t count) : n(count) {
-    if (cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T)) != cudaSuccess)
-      ptr = nullptr;
+    if (cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T)) != cudaSuccess) ptr = nullptr;
   }
   ~DeviceArray() { cudaFree(ptr); }
-  DeviceArray(const DeviceArray &) = delete;
-  DeviceArray &operator=(const DeviceArray &) = delete;
-  void upload(const std::vector<T> &v) {
-    ASSERT_EQ(cudaMemcpy(ptr, v.data(), n * sizeof(T), cudaMemcpyHostToDevice),
-              cudaSuccess);
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  void upload(const std::vector<T>& v) {
+    ASSERT_EQ(cudaMemcpy(ptr, v.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
   }
   std::vector<T> download() const {
     std::vector<T> v(n);
-    EXPECT_EQ(cudaMemcpy(v.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost),
-              cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(v.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
     return v;
   }
-  void poison(uint8_t byte) {
-    ASSERT_EQ(cudaMemset(ptr, byte, n * sizeof(T)), cudaSuccess);
-  }
+  void poison(uint8_t byte) { ASSERT_EQ(cudaMemset(ptr, byte, n * sizeof(T)), cudaSuccess); }
 };
 
 struct Problem {
@@ -71,56 +67,47 @@ struct Problem {
   bool causal;
   std::string name() const {
     std::ostringstream os;
-    os << "b" << b << "_sq" << s_q << "_sk" << s_k << "_h" << h << "_hkv"
-       << h_kv << "_d" << d << (causal ? "_causal" : "");
+    os << "b" << b << "_sq" << s_q << "_sk" << s_k << "_h" << h << "_hkv" << h_kv << "_d" << d
+       << (causal ? "_causal" : "");
     return os.str();
   }
 };
 
-std::vector<uint16_t> random_bf16(int64_t n, std::mt19937_64 &rng) {
+std::vector<uint16_t> random_bf16(int64_t n, std::mt19937_64& rng) {
   std::normal_distribution<float> dist(0.f, 1.f);
   std::vector<uint16_t> v(n);
-  for (auto &x : v)
-    x = float_to_bf16_bits(dist(rng));
+  for (auto& x : v) x = float_to_bf16_bits(dist(rng));
   return v;
 }
 
 struct Result {
-  std::vector<uint16_t> o; // raw output bits
+  std::vector<uint16_t> o;  // raw output bits
   std::vector<float> lse;
 };
 
 // Runs attention_forward_cuda on host BSHD BF16 inputs; outputs poisoned first.
-Status run_gpu(const Problem &pb, const std::vector<uint16_t> &q,
-               const std::vector<uint16_t> &k, const std::vector<uint16_t> &v,
-               DType out_type, Result *r) {
-  DeviceArray<uint16_t> dq(q.size()), dk(k.size()), dv(v.size()),
-      dout(q.size());
+Status run_gpu(const Problem& pb, const std::vector<uint16_t>& q, const std::vector<uint16_t>& k,
+               const std::vector<uint16_t>& v, DType out_type, Result* r) {
+  DeviceArray<uint16_t> dq(q.size()), dk(k.size()), dv(v.size()), dout(q.size());
   DeviceArray<float> dlse(pb.b * pb.h * pb.s_q);
   dq.upload(q);
   dk.upload(k);
   dv.upload(v);
-  dout.poison(0xFF); // NaN in BF16 and FP16
+  dout.poison(0xFF);  // NaN in BF16 and FP16
   dlse.poison(0xFF);
   ForwardOptions opt;
   opt.recipe = Recipe::kFp8;
   opt.causal = pb.causal;
-  const TensorView tq =
-      make_view(dq.ptr, DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d});
-  const TensorView tk =
-      make_view(dk.ptr, DType::kBF16, {pb.b, pb.s_k, pb.h_kv, pb.d});
-  const TensorView tv =
-      make_view(dv.ptr, DType::kBF16, {pb.b, pb.s_k, pb.h_kv, pb.d});
-  const TensorView to =
-      make_view(dout.ptr, out_type, {pb.b, pb.s_q, pb.h, pb.d});
+  const TensorView tq = make_view(dq.ptr, DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d});
+  const TensorView tk = make_view(dk.ptr, DType::kBF16, {pb.b, pb.s_k, pb.h_kv, pb.d});
+  const TensorView tv = make_view(dv.ptr, DType::kBF16, {pb.b, pb.s_k, pb.h_kv, pb.d});
+  const TensorView to = make_view(dout.ptr, out_type, {pb.b, pb.s_q, pb.h, pb.d});
   const TensorView tl = make_view(dlse.ptr, DType::kF32, {pb.b, pb.h, pb.s_q});
   // The entry point takes inputs of the output's dtype: FP16 runs convert q/k/v
   // on the host.
   Status st = attention_forward_cuda(tq, tk, tv, opt, to, tl, nullptr);
-  if (!st.ok())
-    return st;
-  if (cudaDeviceSynchronize() != cudaSuccess)
-    return Status::Invalid("kernel failed");
+  if (!st.ok()) return st;
+  if (cudaDeviceSynchronize() != cudaSuccess) return Status::Invalid("kernel failed");
   r->o = dout.download();
   r->lse = dlse.download();
   return Status::Ok();
@@ -130,9 +117,8 @@ struct Golden {
   std::vector<float> o, lse;
 };
 
-Golden run_golden(const Problem &pb, const std::vector<uint16_t> &q,
-                  const std::vector<uint16_t> &k,
-                  const std::vector<uint16_t> &v) {
+Golden run_golden(const Problem& pb, const std::vector<uint16_t>& q, const std::vector<uint16_t>& k,
+                  const std::vector<uint16_t>& v) {
   Golden g;
   g.o.resize(q.size());
   g.lse.resize(pb.b * pb.h * pb.s_q);
@@ -140,23 +126,19 @@ Golden run_golden(const Problem &pb, const std::vector<uint16_t> &q,
   opt.recipe = Recipe::kFp8;
   opt.causal = pb.causal;
   const Status st = golden_attention_forward(
-      make_view(const_cast<uint16_t *>(q.data()), DType::kBF16,
-                {pb.b, pb.s_q, pb.h, pb.d}),
-      make_view(const_cast<uint16_t *>(k.data()), DType::kBF16,
-                {pb.b, pb.s_k, pb.h_kv, pb.d}),
-      make_view(const_cast<uint16_t *>(v.data()), DType::kBF16,
-                {pb.b, pb.s_k, pb.h_kv, pb.d}),
-      opt, make_view(g.o.data(), DType::kF32, {pb.b, pb.s_q, pb.h, pb.d}),
+      make_view(const_cast<uint16_t*>(q.data()), DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d}),
+      make_view(const_cast<uint16_t*>(k.data()), DType::kBF16, {pb.b, pb.s_k, pb.h_kv, pb.d}),
+      make_view(const_cast<uint16_t*>(v.data()), DType::kBF16, {pb.b, pb.s_k, pb.h_kv, pb.d}), opt,
+      make_view(g.o.data(), DType::kF32, {pb.b, pb.s_q, pb.h, pb.d}),
       make_view(g.lse.data(), DType::kF32, {pb.b, pb.h, pb.s_q}));
   EXPECT_TRUE(st.ok()) << st.message();
   return g;
 }
 
-std::vector<double> to_double(const std::vector<uint16_t> &bits, DType t) {
+std::vector<double> to_double(const std::vector<uint16_t>& bits, DType t) {
   std::vector<double> r(bits.size());
   for (size_t i = 0; i < bits.size(); ++i) {
-    r[i] = t == DType::kBF16 ? bf16_bits_to_float(bits[i])
-                             : f16_bits_to_float(bits[i]);
+    r[i] = t == DType::kBF16 ? bf16_bits_to_float(bits[i]) : f16_bits_to_float(bits[i]);
   }
   return r;
 }
@@ -179,8 +161,7 @@ TEST_P(FwdGpuShapes, MatchesGoldenAndExact) {
   st = run_gpu(pb, q, k, v, DType::kBF16, &r2);
   ASSERT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(r1.o, r2.o) << "repeated runs differ (race?)";
-  EXPECT_EQ(0, std::memcmp(r1.lse.data(), r2.lse.data(),
-                           r1.lse.size() * sizeof(float)))
+  EXPECT_EQ(0, std::memcmp(r1.lse.data(), r2.lse.data(), r1.lse.size() * sizeof(float)))
       << "repeated LSE differs";
 
   const Golden g = run_golden(pb, q, k, v);
@@ -188,20 +169,17 @@ TEST_P(FwdGpuShapes, MatchesGoldenAndExact) {
   const std::vector<double> go(g.o.begin(), g.o.end());
   // Every element written: poisoned NaNs must be gone (inputs are finite).
   int64_t nan_left = 0;
-  for (double x : o)
-    nan_left += std::isnan(x);
+  for (double x : o) nan_left += std::isnan(x);
   EXPECT_EQ(nan_left, 0) << "output elements not written";
   const ErrorStats vs_golden = compare(o.data(), go.data(), int64_t(o.size()));
-  EXPECT_LE(vs_golden.rel_l2, kMaxRelL2VsGolden)
-      << "vs golden: " << to_string(vs_golden);
+  EXPECT_LE(vs_golden.rel_l2, kMaxRelL2VsGolden) << "vs golden: " << to_string(vs_golden);
   EXPECT_EQ(vs_golden.inf_mismatch, 0);
 
   double lse_err = 0;
   int64_t lse_bad = 0;
   for (size_t i = 0; i < g.lse.size(); ++i) {
     if (std::isinf(g.lse[i]) || std::isinf(r1.lse[i])) {
-      lse_bad += !(std::isinf(g.lse[i]) && std::isinf(r1.lse[i]) &&
-                   g.lse[i] > 0 && r1.lse[i] > 0);
+      lse_bad += !(std::isinf(g.lse[i]) && std::isinf(r1.lse[i]) && g.lse[i] > 0 && r1.lse[i] > 0);
     } else {
       lse_err = std::max(lse_err, std::abs(double(g.lse[i]) - r1.lse[i]));
     }
@@ -214,23 +192,17 @@ TEST_P(FwdGpuShapes, MatchesGoldenAndExact) {
   AttentionOptions ao;
   ao.causal = pb.causal;
   st = reference_attention_forward(
-      make_view(const_cast<uint16_t *>(q.data()), DType::kBF16,
-                {pb.b, pb.s_q, pb.h, pb.d}),
-      make_view(const_cast<uint16_t *>(k.data()), DType::kBF16,
-                {pb.b, pb.s_k, pb.h_kv, pb.d}),
-      make_view(const_cast<uint16_t *>(v.data()), DType::kBF16,
-                {pb.b, pb.s_k, pb.h_kv, pb.d}),
-      ao, make_view(exact.data(), DType::kF64, {pb.b, pb.s_q, pb.h, pb.d}),
-      TensorView{});
+      make_view(const_cast<uint16_t*>(q.data()), DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d}),
+      make_view(const_cast<uint16_t*>(k.data()), DType::kBF16, {pb.b, pb.s_k, pb.h_kv, pb.d}),
+      make_view(const_cast<uint16_t*>(v.data()), DType::kBF16, {pb.b, pb.s_k, pb.h_kv, pb.d}), ao,
+      make_view(exact.data(), DType::kF64, {pb.b, pb.s_q, pb.h, pb.d}), TensorView{});
   ASSERT_TRUE(st.ok()) << st.message();
-  const ErrorStats vs_exact =
-      compare(o.data(), exact.data(), int64_t(o.size()));
-  if (pb.s_q * pb.h >= 64)
-    EXPECT_GE(vs_exact.cos, kMinCosVsExact) << to_string(vs_exact);
-  std::printf("[fwd %s] vs golden: %s lse_max_abs=%.3g | vs f64: cos=%.5f "
-              "rel_l2=%.4f\n",
-              pb.name().c_str(), to_string(vs_golden).c_str(), lse_err,
-              vs_exact.cos, vs_exact.rel_l2);
+  const ErrorStats vs_exact = compare(o.data(), exact.data(), int64_t(o.size()));
+  if (pb.s_q * pb.h >= 64) EXPECT_GE(vs_exact.cos, kMinCosVsExact) << to_string(vs_exact);
+  std::printf(
+      "[fwd %s] vs golden: %s lse_max_abs=%.3g | vs f64: cos=%.5f "
+      "rel_l2=%.4f\n",
+      pb.name().c_str(), to_string(vs_golden).c_str(), lse_err, vs_exact.cos, vs_exact.rel_l2);
 }
 
 std::vector<Problem> shapes() {
@@ -239,10 +211,8 @@ std::vector<Problem> shapes() {
                               {333, 17}, {128, 128}, {256, 640}};
   for (int64_t d : {64, 128}) {
     for (bool causal : {false, true}) {
-      for (auto [hq, hkv] :
-           {std::pair<int64_t, int64_t>{4, 4}, {4, 1}, {6, 2}}) {
-        for (auto &s : sizes)
-          v.push_back({2, s[0], s[1], hq, hkv, d, causal});
+      for (auto [hq, hkv] : {std::pair<int64_t, int64_t>{4, 4}, {4, 1}, {6, 2}}) {
+        for (auto& s : sizes) v.push_back({2, s[0], s[1], hq, hkv, d, causal});
       }
     }
   }
@@ -250,7 +220,7 @@ std::vector<Problem> shapes() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FwdGpuShapes, ::testing::ValuesIn(shapes()),
-                         [](const auto &info) { return info.param.name(); });
+                         [](const auto& info) { return info.param.name(); });
 
 TEST(FwdGpu, Fp16OutputAndOperandEntryPoint) {
   SKIP_WITHOUT_GPU();
@@ -261,14 +231,12 @@ TEST(FwdGpu, Fp16OutputAndOperandEntryPoint) {
   auto v = random_bf16(pb.b * pb.s_k * pb.h_kv * pb.d, rng);
   // FP16 copies of the same values (BF16 -> FP16 is exact for N(0,1) magnitudes
   // here).
-  auto to_f16 = [](const std::vector<uint16_t> &x) {
+  auto to_f16 = [](const std::vector<uint16_t>& x) {
     std::vector<uint16_t> r(x.size());
-    for (size_t i = 0; i < x.size(); ++i)
-      r[i] = float_to_f16_bits(bf16_bits_to_float(x[i]));
+    for (size_t i = 0; i < x.size(); ++i) r[i] = float_to_f16_bits(bf16_bits_to_float(x[i]));
     return r;
   };
-  DeviceArray<uint16_t> dq(q.size()), dk(k.size()), dv(v.size()), o16(q.size()),
-      o_ops(q.size());
+  DeviceArray<uint16_t> dq(q.size()), dk(k.size()), dv(v.size()), o16(q.size()), o_ops(q.size());
   dq.upload(to_f16(q));
   dk.upload(to_f16(k));
   dv.upload(to_f16(v));
@@ -276,47 +244,37 @@ TEST(FwdGpu, Fp16OutputAndOperandEntryPoint) {
   o_ops.poison(0xFF);
   ForwardOptions opt;
   opt.causal = true;
-  const TensorView tq =
-      make_view(dq.ptr, DType::kF16, {pb.b, pb.s_q, pb.h, pb.d});
-  const TensorView tk =
-      make_view(dk.ptr, DType::kF16, {pb.b, pb.s_k, pb.h_kv, pb.d});
-  const TensorView tv =
-      make_view(dv.ptr, DType::kF16, {pb.b, pb.s_k, pb.h_kv, pb.d});
+  const TensorView tq = make_view(dq.ptr, DType::kF16, {pb.b, pb.s_q, pb.h, pb.d});
+  const TensorView tk = make_view(dk.ptr, DType::kF16, {pb.b, pb.s_k, pb.h_kv, pb.d});
+  const TensorView tv = make_view(dv.ptr, DType::kF16, {pb.b, pb.s_k, pb.h_kv, pb.d});
   Status st = attention_forward_cuda(
-      tq, tk, tv, opt,
-      make_view(o16.ptr, DType::kF16, {pb.b, pb.s_q, pb.h, pb.d}), {}, nullptr);
+      tq, tk, tv, opt, make_view(o16.ptr, DType::kF16, {pb.b, pb.s_q, pb.h, pb.d}), {}, nullptr);
   ASSERT_TRUE(st.ok()) << st.message();
 
   // Same problem through quantize_operand_cuda +
   // attention_forward_operands_cuda, BF16 output.
-  DeviceArray<uint8_t> qd(pb.b * pb.h * pb.s_q * pb.d),
-      kd(pb.b * pb.h_kv * pb.s_k * pb.d),
+  DeviceArray<uint8_t> qd(pb.b * pb.h * pb.s_q * pb.d), kd(pb.b * pb.h_kv * pb.s_k * pb.d),
       vd(pb.b * pb.h_kv * pb.d * operand_v_pitch(pb.s_k));
   DeviceArray<float> qs(pb.b * pb.h * operand_scale_tiles(pb.s_q)),
-      ks(pb.b * pb.h_kv * operand_scale_tiles(pb.s_k)),
-      vs(pb.b * pb.h_kv * pb.d);
+      ks(pb.b * pb.h_kv * operand_scale_tiles(pb.s_k)), vs(pb.b * pb.h_kv * pb.d);
   ForwardOperands in;
   in.q_data = make_view(qd.ptr, DType::kE4M3, {pb.b, pb.h, pb.s_q, pb.d});
   in.k_data = make_view(kd.ptr, DType::kE4M3, {pb.b, pb.h_kv, pb.s_k, pb.d});
-  in.v_data = make_view(vd.ptr, DType::kE4M3,
-                        {pb.b, pb.h_kv, pb.d, operand_v_pitch(pb.s_k)});
-  in.q_scale =
-      make_view(qs.ptr, DType::kF32, {pb.b, pb.h, operand_scale_tiles(pb.s_q)});
-  in.k_scale = make_view(ks.ptr, DType::kF32,
-                         {pb.b, pb.h_kv, operand_scale_tiles(pb.s_k)});
+  in.v_data = make_view(vd.ptr, DType::kE4M3, {pb.b, pb.h_kv, pb.d, operand_v_pitch(pb.s_k)});
+  in.q_scale = make_view(qs.ptr, DType::kF32, {pb.b, pb.h, operand_scale_tiles(pb.s_q)});
+  in.k_scale = make_view(ks.ptr, DType::kF32, {pb.b, pb.h_kv, operand_scale_tiles(pb.s_k)});
   in.v_scale = make_view(vs.ptr, DType::kF32, {pb.b, pb.h_kv, pb.d});
-  ASSERT_TRUE(quantize_operand_cuda(tq, Recipe::kFp8, OperandRole::kQ, {},
-                                    in.q_data, in.q_scale, {}, nullptr)
+  ASSERT_TRUE(quantize_operand_cuda(tq, Recipe::kFp8, OperandRole::kQ, {}, in.q_data, in.q_scale,
+                                    {}, nullptr)
                   .ok());
-  ASSERT_TRUE(quantize_operand_cuda(tk, Recipe::kFp8, OperandRole::kK, {},
-                                    in.k_data, in.k_scale, {}, nullptr)
+  ASSERT_TRUE(quantize_operand_cuda(tk, Recipe::kFp8, OperandRole::kK, {}, in.k_data, in.k_scale,
+                                    {}, nullptr)
                   .ok());
-  ASSERT_TRUE(quantize_operand_cuda(tv, Recipe::kFp8, OperandRole::kV, {},
-                                    in.v_data, in.v_scale, {}, nullptr)
+  ASSERT_TRUE(quantize_operand_cuda(tv, Recipe::kFp8, OperandRole::kV, {}, in.v_data, in.v_scale,
+                                    {}, nullptr)
                   .ok());
   st = attention_forward_operands_cuda(
-      in, opt, make_view(o_ops.ptr, DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d}),
-      {}, nullptr);
+      in, opt, make_view(o_ops.ptr, DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d}), {}, nullptr);
   ASSERT_TRUE(st.ok()) << st.message();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
@@ -342,8 +300,8 @@ TEST(FwdGpu, NanInputsFollowTheGoldenModel) {
   auto q = random_bf16(pb.b * pb.s_q * pb.h * pb.d, rng);
   auto k = random_bf16(pb.b * pb.s_k * pb.h_kv * pb.d, rng);
   auto v = random_bf16(pb.b * pb.s_k * pb.h_kv * pb.d, rng);
-  k[(150 * pb.h_kv) * pb.d + 3] = 0x7FC0; // key 150
-  v[(20 * pb.h_kv) * pb.d + 5] = 0x7FC0;  // key 20, channel 5
+  k[(150 * pb.h_kv) * pb.d + 3] = 0x7FC0;  // key 150
+  v[(20 * pb.h_kv) * pb.d + 5] = 0x7FC0;   // key 20, channel 5
   Result r;
   const Status st = run_gpu(pb, q, k, v, DType::kBF16, &r);
   ASSERT_TRUE(st.ok()) << st.message();
@@ -352,8 +310,7 @@ TEST(FwdGpu, NanInputsFollowTheGoldenModel) {
   const std::vector<double> go(g.o.begin(), g.o.end());
   const ErrorStats e = compare(o.data(), go.data(), int64_t(o.size()));
   int64_t golden_nans = 0;
-  for (double x : go)
-    golden_nans += std::isnan(x);
+  for (double x : go) golden_nans += std::isnan(x);
   EXPECT_GT(golden_nans, 0);
   EXPECT_EQ(e.nan_mismatch, 0) << to_string(e);
   EXPECT_LE(e.rel_l2, kMaxRelL2VsGolden) << to_string(e);
@@ -367,10 +324,8 @@ TEST(FwdGpu, EmptyAndKeylessProblems) {
   Result r;
   const Status st = run_gpu(pb, q, k, v, DType::kBF16, &r);
   ASSERT_TRUE(st.ok()) << st.message();
-  for (uint16_t x : r.o)
-    ASSERT_EQ(x, 0);
-  for (float x : r.lse)
-    ASSERT_TRUE(std::isinf(x) && x > 0);
+  for (uint16_t x : r.o) ASSERT_EQ(x, 0);
+  for (float x : r.lse) ASSERT_TRUE(std::isinf(x) && x > 0);
 }
 
 TEST(FwdGpu, RejectsUnsupportedRecipeWithoutLaunching) {
@@ -385,5 +340,5 @@ TEST(FwdGpu, RejectsUnsupportedRecipeWithoutLaunching) {
   EXPECT_NE(st.message().find("recipe"), std::string::npos) << st.message();
 }
 
-} // namespace
-} // namespace fp4attn
+}  // namespace
+}  // namespace fp4attn

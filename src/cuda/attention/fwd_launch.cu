@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "api/validate_forward.h"
@@ -17,28 +18,23 @@ namespace {
 
 using sm90::FwdParams;
 
-Status cuda_status(cudaError_t e, const char *what) {
-  if (e == cudaSuccess)
-    return Status::Ok();
-  return Status::Invalid(std::string(what) + ": CUDA error " +
-                         cudaGetErrorString(e));
+Status cuda_status(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::Ok();
+  return Status::Invalid(std::string(what) + ": CUDA error " + cudaGetErrorString(e));
 }
 
 // cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda at
 // link time).
-using EncodeTiledFn = CUresult (*)(CUtensorMap *, CUtensorMapDataType,
-                                   cuuint32_t, void *, const cuuint64_t *,
-                                   const cuuint64_t *, const cuuint32_t *,
-                                   const cuuint32_t *, CUtensorMapInterleave,
-                                   CUtensorMapSwizzle, CUtensorMapL2promotion,
-                                   CUtensorMapFloatOOBfill);
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
 EncodeTiledFn encode_tiled() {
   static EncodeTiledFn fn = [] {
-    void *p = nullptr;
+    void* p = nullptr;
     cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
-                                         cudaEnableDefault,
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
                                          &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess) {
       p = nullptr;
@@ -51,55 +47,58 @@ EncodeTiledFn encode_tiled() {
 // A 3-D byte tensor (inner, mid, outer) read in boxes of (box_inner, box_mid,
 // 1), swizzled to the box's row width (64 or 128 bytes); out-of-range elements
 // read as zero.
-Status make_map(CUtensorMap *map, const void *base, int64_t inner, int64_t mid,
-                int64_t outer, int box_inner, int box_mid, const char *name) {
+Status make_map(CUtensorMap* map, const void* base, int64_t inner, int64_t mid, int64_t outer,
+                int box_inner, int box_mid, const char* name) {
   EncodeTiledFn fn = encode_tiled();
-  if (fn == nullptr)
-    return Status::Invalid(
-        "cuTensorMapEncodeTiled: not available in the driver");
-  const cuuint64_t dims[3] = {cuuint64_t(inner), cuuint64_t(mid),
-                              cuuint64_t(outer)};
+  if (fn == nullptr) return Status::Invalid("cuTensorMapEncodeTiled: not available in the driver");
+  const cuuint64_t dims[3] = {cuuint64_t(inner), cuuint64_t(mid), cuuint64_t(outer)};
   const cuuint64_t strides[2] = {cuuint64_t(inner), cuuint64_t(inner * mid)};
   const cuuint32_t box[3] = {cuuint32_t(box_inner), cuuint32_t(box_mid), 1};
   const cuuint32_t estride[3] = {1, 1, 1};
   const CUtensorMapSwizzle swz =
       box_inner == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
-  const CUresult r =
-      fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void *>(base), dims,
-         strides, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
-         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims,
+                        strides, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
-    return Status::Invalid(std::string(name) +
-                           ": cannot build its TMA descriptor (CUresult " +
+    return Status::Invalid(std::string(name) + ": cannot build its TMA descriptor (CUresult " +
                            std::to_string(int(r)) + ")");
   }
   return Status::Ok();
 }
 
-template <int D> Status launch(const FwdParams &p, cudaStream_t stream) {
+// kPromoteEvery, or FP4ATTN_PV_PROMOTE (>= 1) for accuracy experiments.
+int promote_every() {
+  static const int n = [] {
+    const char* env = std::getenv("FP4ATTN_PV_PROMOTE");
+    const int v = env ? std::atoi(env) : 0;
+    return v >= 1 ? v : sm90::kPromoteEvery;
+  }();
+  return n;
+}
+
+template <int D>
+Status launch(const FwdParams& p, cudaStream_t stream) {
   auto kernel = sm90::fwd_fp8_kernel<D>;
   constexpr int smem = sm90::fwd_smem_bytes<D>();
-  FP4ATTN_RETURN_IF_ERROR(cuda_status(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           smem),
-      "fwd kernel shared memory"));
+  FP4ATTN_RETURN_IF_ERROR(
+      cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                  "fwd kernel shared memory"));
   const dim3 grid(p.m_tiles, p.h, p.b);
   kernel<<<grid, sm90::kThreads, smem, stream>>>(p);
   return cuda_status(cudaGetLastError(), "fwd kernel launch");
 }
 
-} // namespace
+}  // namespace
 
 Status check_forward_device() {
   int dev = 0;
   FP4ATTN_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&dev), "device"));
   int major = 0, minor = 0;
   FP4ATTN_RETURN_IF_ERROR(cuda_status(
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
-      "device"));
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "device"));
   FP4ATTN_RETURN_IF_ERROR(cuda_status(
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev),
-      "device"));
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "device"));
   if (major != 9 || minor != 0) {
     return Status::Invalid(
         "device: the forward engine needs an sm_90a GPU (H100/H200), this is "
@@ -109,16 +108,13 @@ Status check_forward_device() {
   return Status::Ok();
 }
 
-Status attention_forward_operands_cuda(const ForwardOperands &in,
-                                       const ForwardOptions &opt,
-                                       const TensorView &o,
-                                       const TensorView &lse,
+Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardOptions& opt,
+                                       const TensorView& o, const TensorView& lse,
                                        cudaStream_t stream) {
   ForwardShape sh;
   FP4ATTN_RETURN_IF_ERROR(validate_forward_operands(in, opt, o, lse, &sh));
   FP4ATTN_RETURN_IF_ERROR(check_forward_device());
-  if (sh.b == 0 || sh.h == 0 || sh.s_q == 0)
-    return Status::Ok();
+  if (sh.b == 0 || sh.h == 0 || sh.s_q == 0) return Status::Ok();
 
   FwdParams p{};
   const int d = int(sh.d);
@@ -126,17 +122,15 @@ Status attention_forward_operands_cuda(const ForwardOperands &in,
   // maps must still be valid descriptors, so they get extent 1 over q_data.
   const bool no_keys = sh.s_k == 0;
   const int64_t s_k1 = no_keys ? 1 : sh.s_k;
-  const void *k_base = no_keys ? in.q_data.data : in.k_data.data;
-  const void *v_base = no_keys ? in.q_data.data : in.v_data.data;
+  const void* k_base = no_keys ? in.q_data.data : in.k_data.data;
+  const void* v_base = no_keys ? in.q_data.data : in.v_data.data;
   const int64_t v_pitch = no_keys ? 16 : operand_v_pitch(sh.s_k);
-  FP4ATTN_RETURN_IF_ERROR(make_map(&p.tm_q, in.q_data.data, d, sh.s_q,
-                                   sh.b * sh.h, d, sm90::kBlockM, "q_data"));
-  FP4ATTN_RETURN_IF_ERROR(make_map(&p.tm_k, k_base, d, s_k1,
-                                   no_keys ? 1 : sh.b * sh.h_kv, d,
-                                   sm90::kBlockN, "k_data"));
+  FP4ATTN_RETURN_IF_ERROR(
+      make_map(&p.tm_q, in.q_data.data, d, sh.s_q, sh.b * sh.h, d, sm90::kBlockM, "q_data"));
+  FP4ATTN_RETURN_IF_ERROR(
+      make_map(&p.tm_k, k_base, d, s_k1, no_keys ? 1 : sh.b * sh.h_kv, d, sm90::kBlockN, "k_data"));
   FP4ATTN_RETURN_IF_ERROR(make_map(&p.tm_v, v_base, v_pitch, no_keys ? 1 : d,
-                                   no_keys ? 1 : sh.b * sh.h_kv, sm90::kBlockN,
-                                   d, "v_data"));
+                                   no_keys ? 1 : sh.b * sh.h_kv, sm90::kBlockN, d, "v_data"));
   p.q_scale = in.q_scale.as<float>();
   p.k_scale = in.k_scale.as<float>();
   p.v_scale = in.v_scale.as<float>();
@@ -152,23 +146,21 @@ Status attention_forward_operands_cuda(const ForwardOperands &in,
   p.s_k = int(sh.s_k);
   p.m_tiles = int(operand_scale_tiles(sh.s_q));
   p.n_tiles = int(operand_scale_tiles(sh.s_k));
-  const double scale =
-      opt.softmax_scale > 0 ? opt.softmax_scale : 1.0 / std::sqrt(double(d));
+  const double scale = opt.softmax_scale > 0 ? opt.softmax_scale : 1.0 / std::sqrt(double(d));
   p.scale_log2 = float(scale * 1.4426950408889634);
+  p.promote_every = promote_every();
   p.causal = opt.causal ? 1 : 0;
   p.out_fp16 = o.dtype == DType::kF16 ? 1 : 0;
   return d == 128 ? launch<128>(p, stream) : launch<64>(p, stream);
 }
 
-Status attention_forward_cuda(const TensorView &q, const TensorView &k,
-                              const TensorView &v, const ForwardOptions &opt,
-                              const TensorView &o, const TensorView &lse,
+Status attention_forward_cuda(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const ForwardOptions& opt, const TensorView& o, const TensorView& lse,
                               cudaStream_t stream) {
   ForwardShape sh;
   FP4ATTN_RETURN_IF_ERROR(validate_forward_inputs(q, k, v, opt, o, lse, &sh));
   FP4ATTN_RETURN_IF_ERROR(check_forward_device());
-  if (sh.b == 0 || sh.h == 0 || sh.s_q == 0)
-    return Status::Ok();
+  if (sh.b == 0 || sh.h == 0 || sh.s_q == 0) return Status::Ok();
 
   // Scratch for the operands, stream-ordered so that it is reusable as soon as
   // the kernel ends.
@@ -179,44 +171,39 @@ Status attention_forward_cuda(const TensorView &q, const TensorView &k,
   const int64_t ks = sh.b * sh.h_kv * operand_scale_tiles(sh.s_k);
   const int64_t vs = sh.b * sh.h_kv * sh.d;
   auto round16 = [](int64_t n) { return (n + 255) / 256 * 256; };
-  const int64_t bytes = round16(qd) + round16(kd) + round16(vd) +
-                        4 * (round16(qs) + round16(ks) + round16(vs));
-  void *scratch = nullptr;
-  FP4ATTN_RETURN_IF_ERROR(cuda_status(
-      cudaMallocAsync(&scratch, size_t(bytes), stream), "operand scratch"));
-  uint8_t *cur = static_cast<uint8_t *>(scratch);
+  const int64_t bytes =
+      round16(qd) + round16(kd) + round16(vd) + 4 * (round16(qs) + round16(ks) + round16(vs));
+  void* scratch = nullptr;
+  FP4ATTN_RETURN_IF_ERROR(
+      cuda_status(cudaMallocAsync(&scratch, size_t(bytes), stream), "operand scratch"));
+  uint8_t* cur = static_cast<uint8_t*>(scratch);
   auto take = [&](int64_t n) {
-    void *r = cur;
+    void* r = cur;
     cur += round16(n);
     return r;
   };
   ForwardOperands in;
   in.q_data = make_view(take(qd), DType::kE4M3, {sh.b, sh.h, sh.s_q, sh.d});
   in.k_data = make_view(take(kd), DType::kE4M3, {sh.b, sh.h_kv, sh.s_k, sh.d});
-  in.v_data = make_view(take(vd), DType::kE4M3,
-                        {sh.b, sh.h_kv, sh.d, operand_v_pitch(sh.s_k)});
-  in.q_scale = make_view(take(4 * qs), DType::kF32,
-                         {sh.b, sh.h, operand_scale_tiles(sh.s_q)});
-  in.k_scale = make_view(take(4 * ks), DType::kF32,
-                         {sh.b, sh.h_kv, operand_scale_tiles(sh.s_k)});
+  in.v_data = make_view(take(vd), DType::kE4M3, {sh.b, sh.h_kv, sh.d, operand_v_pitch(sh.s_k)});
+  in.q_scale = make_view(take(4 * qs), DType::kF32, {sh.b, sh.h, operand_scale_tiles(sh.s_q)});
+  in.k_scale = make_view(take(4 * ks), DType::kF32, {sh.b, sh.h_kv, operand_scale_tiles(sh.s_k)});
   in.v_scale = make_view(take(4 * vs), DType::kF32, {sh.b, sh.h_kv, sh.d});
 
-  Status st = quantize_operand_cuda(q, opt.recipe, OperandRole::kQ, {},
-                                    in.q_data, in.q_scale, {}, stream);
+  Status st =
+      quantize_operand_cuda(q, opt.recipe, OperandRole::kQ, {}, in.q_data, in.q_scale, {}, stream);
   if (st.ok() && sh.s_k > 0) {
-    st = quantize_operand_cuda(k, opt.recipe, OperandRole::kK, {}, in.k_data,
-                               in.k_scale, {}, stream);
+    st = quantize_operand_cuda(k, opt.recipe, OperandRole::kK, {}, in.k_data, in.k_scale, {},
+                               stream);
   }
   if (st.ok() && sh.s_k > 0) {
-    st = quantize_operand_cuda(v, opt.recipe, OperandRole::kV, {}, in.v_data,
-                               in.v_scale, {}, stream);
+    st = quantize_operand_cuda(v, opt.recipe, OperandRole::kV, {}, in.v_data, in.v_scale, {},
+                               stream);
   }
-  if (st.ok())
-    st = attention_forward_operands_cuda(in, opt, o, lse, stream);
+  if (st.ok()) st = attention_forward_operands_cuda(in, opt, o, lse, stream);
   const cudaError_t e = cudaFreeAsync(scratch, stream);
-  if (st.ok())
-    st = cuda_status(e, "operand scratch");
+  if (st.ok()) st = cuda_status(e, "operand scratch");
   return st;
 }
 
-} // namespace fp4attn
+}  // namespace fp4attn
