@@ -1,13 +1,20 @@
 #include "fwd_grid.h"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace fp4attn::bench {
 
 std::string FwdPoint::name() const {
-  std::string n = "d" + std::to_string(d) + "-s" + std::to_string(s_q);
-  if (s_k != s_q) n += "x" + std::to_string(s_k);
-  return n + (causal ? "-causal" : "-noncausal");
+  char buf[96];
+  if (s_k == s_q) {
+    std::snprintf(buf, sizeof buf, "d%lld-s%lld", static_cast<long long>(d),
+                  static_cast<long long>(s_q));
+  } else {
+    std::snprintf(buf, sizeof buf, "d%lld-s%lldx%lld", static_cast<long long>(d),
+                  static_cast<long long>(s_q), static_cast<long long>(s_k));
+  }
+  return std::string(buf) + (causal ? "-causal" : "-noncausal");
 }
 
 double FwdPoint::flops() const {

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,52 +19,12 @@
 #include "fwd_device.h"
 #include "fwd_engine.h"
 #include "fwd_grid.h"
+#include "fwd_report.h"
 #include "fwd_suite.h"
-#include "json.h"
 #include "timing.h"
 
 namespace fp4attn::bench {
 namespace {
-
-struct FwdRecord {
-  FwdPoint p;
-  Recipe recipe = Recipe::kFp8;
-  std::string error;
-  double quant_ms[3] = {0, 0, 0};  // Q, K, V
-  Timing t;
-  double sm_mhz = 0;
-  ErrorStats acc;
-  int64_t acc_rows = 0, acc_batch = 0, acc_head = 0;
-};
-
-struct AccuracyRecord {
-  FwdPoint p;
-  Recipe recipe = Recipe::kFp8;
-  std::string error;
-  Timing t;
-  ErrorStats acc;        // over every compared slice together
-  double worst_cos = 1;  // of the slices one by one
-  double worst_rel_l2 = 0;
-  std::vector<std::pair<int64_t, int64_t>> slices;  // (batch, head) compared
-};
-
-struct CopyCeiling {
-  double tbps = 0, memcpy_tbps = 0, kernel_tbps = 0;
-  int64_t bytes = 0;
-};
-
-// State every JSON rewrite needs.
-struct SuiteState {
-  const FwdOptions* opt = nullptr;
-  DeviceInfo dev;
-  std::string date;
-  Clocks before, after;
-  double peak_mhz = 0;
-  CopyCeiling copy;
-  std::vector<FwdRecord> records;
-  std::vector<AccuracyRecord> accuracy;
-  bool complete = false;
-};
 
 // A CUDA error that a kernel left behind (sticky errors end the run; the JSON keeps the rest).
 std::string pending_cuda_error(cudaStream_t stream, bool* fatal) {
@@ -174,165 +134,10 @@ Inputs make_inputs(const FwdPoint& p, uint64_t seed, cudaStream_t stream) {
 
 // ---- JSON ---------------------------------------------------------------------------------------
 
-JsonObject clocks_json(const Clocks& c) {
-  JsonObject o;
-  if (!c.ok) return o.boolean("ok", false);
-  return o.num("sm_mhz", c.sm_mhz, 5)
-      .num("max_sm_mhz", c.max_sm_mhz, 5)
-      .num("power_w", c.power_w, 5)
-      .num("temp_c", c.temp_c, 3);
-}
-
-JsonObject& shape_json(JsonObject& o, const FwdPoint& p) {
-  return o.integer("b", p.b)
-      .integer("h", p.h)
-      .integer("h_kv", p.h_kv)
-      .integer("s_q", p.s_q)
-      .integer("s_k", p.s_k)
-      .integer("d", p.d)
-      .boolean("causal", p.causal);
-}
-
-std::string record_json(const FwdRecord& r) {
-  JsonObject o;
-  o.str("case", r.p.name()).str("recipe", recipe_name(r.recipe));
-  shape_json(o, r.p);
-  if (!r.error.empty()) return o.str("error", r.error).render();
-  const double quant = r.quant_ms[0] + r.quant_ms[1] + r.quant_ms[2];
-  o.num("ms", r.t.median_ms, 5)
-      .num("ms_min", r.t.min_ms, 5)
-      .num("ms_max", r.t.max_ms, 5)
-      .integer("reps", r.t.samples)
-      .num("tflops", r.p.flops() / r.t.median_ms / 1e9, 5)
-      .num("quant_ms", quant, 4)
-      .num("quant_q_ms", r.quant_ms[0], 4)
-      .num("quant_k_ms", r.quant_ms[1], 4)
-      .num("quant_v_ms", r.quant_ms[2], 4)
-      .num("cos", r.acc.cos, 8)
-      .num("rel_l2", r.acc.rel_l2, 5)
-      .num("max_abs", r.acc.max_abs, 4)
-      .integer("nan_mismatch", r.acc.nan_mismatch)
-      .integer("acc_rows", r.acc_rows)
-      .raw("acc_slice", "[" + std::to_string(r.acc_batch) + ", " + std::to_string(r.acc_head) + "]")
-      .num("sm_mhz", r.sm_mhz, 5);
-  return o.render();
-}
-
-std::string accuracy_json(const AccuracyRecord& a, int64_t total_slices) {
-  JsonObject o;
-  o.str("case", "fa3-" + a.p.name()).str("recipe", recipe_name(a.recipe));
-  shape_json(o, a.p);
-  if (!a.error.empty()) return o.str("error", a.error).render();
-  std::string slices = "[";
-  for (size_t i = 0; i < a.slices.size(); ++i) {
-    slices += (i ? ", [" : "[") + std::to_string(a.slices[i].first) + ", " +
-              std::to_string(a.slices[i].second) + "]";
-  }
-  slices += "]";
-  o.num("ms", a.t.median_ms, 5)
-      .num("tflops", a.p.flops() / a.t.median_ms / 1e9, 5)
-      .num("cos", a.acc.cos, 8)
-      .num("rel_l2", a.acc.rel_l2, 5)
-      .num("max_abs", a.acc.max_abs, 4)
-      .integer("nan_mismatch", a.acc.nan_mismatch)
-      .num("worst_slice_cos", a.worst_cos, 8)
-      .num("worst_slice_rel_l2", a.worst_rel_l2, 5)
-      .integer("slices_compared", static_cast<long long>(a.slices.size()))
-      .integer("slices_total", total_slices)
-      .raw("slices", slices)
-      .str("reference", "float64 reference_attention_forward, every row of each compared slice")
-      .raw("fa3_fp8", JsonObject().num("cos", 0.9986).num("rel_l2", 0.053).render());
-  return o.render();
-}
-
-// The SM clocks measured after each point's timed loop, sorted.
-std::vector<double> loaded_clocks(const SuiteState& s) {
-  std::vector<double> mhz;
-  for (const auto& r : s.records) {
-    if (r.error.empty() && r.sm_mhz > 0) mhz.push_back(r.sm_mhz);
-  }
-  std::sort(mhz.begin(), mhz.end());
-  return mhz;
-}
-
-double median_clock(const SuiteState& s) {
-  const std::vector<double> mhz = loaded_clocks(s);
-  return mhz.empty() ? std::nan("") : mhz[mhz.size() / 2];
-}
-
-bool write_json(const SuiteState& s) {
-  const FwdOptions& opt = *s.opt;
-  const std::vector<double> mhz = loaded_clocks(s);
-  const double median_mhz = median_clock(s);
-  std::string recipes;
-  for (const Recipe r : opt.recipes) recipes += (recipes.empty() ? "" : ",") + std::string(recipe_name(r));
-  std::vector<std::string> recs, accs;
-  for (const auto& r : s.records) recs.push_back(record_json(r));
-  const FwdPoint fa3 = fa3_accuracy_point();
-  for (const auto& a : s.accuracy) accs.push_back(accuracy_json(a, fa3.b * fa3.h));
-
-  JsonObject doc;
-  doc.str("suite", "fwd")
-      .str("part", "fp4attn_bench")
-      .str("revision", opt.revision)
-      .str("device", s.dev.name)
-      .str("date", s.date)
-      .str("command", opt.command)
-      .boolean("complete", s.complete)
-      .raw("ceilings", JsonObject()
-                           .num("copy_tbps", s.copy.tbps, 4)
-                           .num("copy_memcpy_tbps", s.copy.memcpy_tbps, 4)
-                           .num("copy_kernel_tbps", s.copy.kernel_tbps, 4)
-                           .integer("copy_bytes", s.copy.bytes)
-                           .render())
-      .num("sm_clock_mhz", median_mhz, 5)
-      .num("sm_clock_min_mhz", mhz.empty() ? std::nan("") : mhz.front(), 5)
-      .num("sm_clock_peak_mhz", s.peak_mhz, 5)
-      .raw("clocks", JsonObject()
-                         .raw("before", clocks_json(s.before).render())
-                         .raw("after", clocks_json(s.after).render())
-                         .render())
-      .raw("config",
-           JsonObject()
-               .integer("sms", s.dev.sms)
-               .integer("l2_bytes", static_cast<long long>(s.dev.l2_bytes))
-               .str("recipes", recipes)
-               .integer("warmup", opt.timing.warmup)
-               .integer("min_reps", opt.min_reps)
-               .num("min_time_ms", opt.min_time_ms)
-               .integer("sample_rows", opt.sample_rows)
-               .integer("seed", static_cast<long long>(opt.seed))
-               .boolean("engine_built", forward_engine_built())
-               .str("inputs", "q, k, v N(0, 1) BF16 BSHD (Box-Muller on the GPU), seeded per point")
-               .str("timing",
-                    "CUDA events around each call, median; no L2 rotation (each point's operands "
-                    "and output, >= 160 MB, exceed the L2); no LSE output")
-               .render())
-      .raw("records", json_array_lines(recs))
-      .raw("accuracy", json_array_lines(accs));
-  std::ofstream f(opt.out_path);
-  f << doc.render_multiline();
-  f.close();
-  if (!f) std::fprintf(stderr, "fp4attn_bench: cannot write %s\n", opt.out_path.c_str());
-  return static_cast<bool>(f);
-}
-
-void print_record(const FwdRecord& r) {
-  if (!r.error.empty()) {
-    std::printf("%-22s %-10s error: %s\n", r.p.name().c_str(), recipe_name(r.recipe),
-                r.error.c_str());
-  } else {
-    std::printf("%-22s %-10s %9.4f %8.1f %8.4f %10.7f %8.5f %6.0f\n", r.p.name().c_str(),
-                recipe_name(r.recipe), r.t.median_ms, r.p.flops() / r.t.median_ms / 1e9,
-                r.quant_ms[0] + r.quant_ms[1] + r.quant_ms[2], r.acc.cos, r.acc.rel_l2, r.sm_mhz);
-  }
-  std::fflush(stdout);
-}
-
 // The FA3 comparison shape: every row of acc_slices (batch, head) slices spread over the tensor
 // (all of them when acc_slices is 0 or >= b * h) against float64; the reference of each slice is
 // computed once and shared by the recipes.
-void run_fa3_accuracy(SuiteState* s, cudaStream_t stream, bool* fatal) {
+void run_fa3_accuracy(FwdRun* s, cudaStream_t stream, bool* fatal) {
   const FwdOptions& opt = *s->opt;
   const FwdPoint p = fa3_accuracy_point();
   const int64_t total = p.b * p.h;
@@ -381,11 +186,11 @@ void run_fa3_accuracy(SuiteState* s, cudaStream_t stream, bool* fatal) {
       a.acc = compare(test_all.data(), ref_all.data(), static_cast<int64_t>(test_all.size()));
       std::printf("%-22s %-10s %9.4f %8.1f  cos %.7f rel_l2 %.5f (%zu of %lld slices; FA3 FP8: "
                   "0.9986, 0.053)\n",
-                  ("fa3-" + p.name()).c_str(), recipe_name(recipe), a.t.median_ms,
+                  fa3_case(p).c_str(), recipe_name(recipe), a.t.median_ms,
                   p.flops() / a.t.median_ms / 1e9, a.acc.cos, a.acc.rel_l2, slices.size(),
                   static_cast<long long>(total));
     } else {
-      std::printf("%-22s %-10s error: %s\n", ("fa3-" + p.name()).c_str(), recipe_name(recipe),
+      std::printf("%-22s %-10s error: %s\n", fa3_case(p).c_str(), recipe_name(recipe),
                   a.error.c_str());
     }
     s->accuracy.push_back(a);
@@ -408,7 +213,7 @@ int run_fwd_suite(const FwdOptions& opt) {
     return 0;
   }
   BENCH_CUDA(cudaSetDevice(opt.device));
-  SuiteState s;
+  FwdRun s;
   s.opt = &opt;
   s.dev = device_info(opt.device);
   int peak_khz = 0;
@@ -425,8 +230,7 @@ int run_fwd_suite(const FwdOptions& opt) {
   s.copy = measure_copy(s.dev, opt.timing, stream);
   std::printf("copy ceiling %.3f TB/s (memcpy %.3f, kernel %.3f)\n", s.copy.tbps,
               s.copy.memcpy_tbps, s.copy.kernel_tbps);
-  std::printf("%-22s %-10s %9s %8s %8s %10s %8s %6s\n", "case", "recipe", "ms", "TFLOP/s",
-              "quant ms", "cos", "rel_l2", "MHz");
+  print_header();
   bool fatal = false;
   for (size_t i = 0; i < grid.size() && !fatal; ++i) {
     const FwdPoint& p = grid[i];
