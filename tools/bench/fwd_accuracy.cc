@@ -13,8 +13,8 @@ namespace {
 
 // A view of rows [0, n) of a [s][d] BF16 slice as a [1, n, 1, d] BSHD tensor.
 TensorView rows_view(const std::vector<uint16_t>& x, int64_t first, int64_t n, int64_t d) {
-  return make_strided_view(const_cast<uint16_t*>(x.data()) + first * d, DType::kBF16,
-                           {1, n, 1, d}, {n * d, d, d, 1});
+  return make_strided_view(const_cast<uint16_t*>(x.data()) + first * d, DType::kBF16, {1, n, 1, d},
+                           {n * d, d, d, 1});
 }
 
 }  // namespace
@@ -51,14 +51,13 @@ Status reference_rows(const HostSlice& x, const std::vector<int64_t>& rows, bool
   auto worker = [&] {
     for (size_t r = next++; r < rows.size() && !failed; r = next++) {
       const int64_t i = rows[r];
-      const int64_t n =
-          causal ? std::clamp<int64_t>(i + x.s_k - x.s_q + 1, 0, x.s_k) : x.s_k;
+      const int64_t n = causal ? std::clamp<int64_t>(i + x.s_k - x.s_q + 1, 0, x.s_k) : x.s_k;
       if (n == 0) continue;  // no visible key: O = 0
       const TensorView o =
           make_strided_view(out->data() + r * d, DType::kF64, {1, 1, 1, d}, {d, d, d, 1});
-      const Status st = reference_attention_forward(rows_view(x.q, i, 1, d), rows_view(x.k, 0, n, d),
-                                                    rows_view(x.v, 0, n, d), AttentionOptions{}, o,
-                                                    TensorView{});
+      const Status st =
+          reference_attention_forward(rows_view(x.q, i, 1, d), rows_view(x.k, 0, n, d),
+                                      rows_view(x.v, 0, n, d), AttentionOptions{}, o, TensorView{});
       if (!st.ok() && !error_taken.test_and_set()) {
         first_error = st;
         failed = true;

@@ -1,9 +1,8 @@
-#include "fwd_device.h"
-
 #include <cuda_bf16.h>
 
 #include <cmath>
 
+#include "fwd_device.h"
 #include "timing.h"
 
 namespace fp4attn::bench {
@@ -48,8 +47,8 @@ void fill_normal_bf16(void* dst, size_t count, uint64_t seed, cudaStream_t strea
   BENCH_CUDA(cudaGetLastError());
 }
 
-std::vector<uint16_t> copy_slice_bf16(const void* x, int64_t s, int64_t h, int64_t d,
-                                      int64_t batch, int64_t head, cudaStream_t stream) {
+std::vector<uint16_t> copy_slice_bf16(const void* x, int64_t s, int64_t h, int64_t d, int64_t batch,
+                                      int64_t head, cudaStream_t stream) {
   std::vector<uint16_t> out(static_cast<size_t>(s * d));
   if (out.empty()) return out;
   const size_t row = static_cast<size_t>(d) * 2, pitch = static_cast<size_t>(h * d) * 2;

@@ -16,8 +16,8 @@ void fill_normal_bf16(void* dst, size_t count, uint64_t seed, cudaStream_t strea
 
 // Rows [0, s) of x[batch, :, head, :] of a contiguous BSHD BF16 tensor [b, s, h, d] as raw BF16
 // bits, [s][d]. Synchronous.
-std::vector<uint16_t> copy_slice_bf16(const void* x, int64_t s, int64_t h, int64_t d,
-                                      int64_t batch, int64_t head, cudaStream_t stream);
+std::vector<uint16_t> copy_slice_bf16(const void* x, int64_t s, int64_t h, int64_t d, int64_t batch,
+                                      int64_t head, cudaStream_t stream);
 
 // The SM clock in MHz measured on the device: a kernel spins for a fixed number of clock64()
 // cycles between two CUDA events. Read right after a timed loop it gives the clock the loop ran

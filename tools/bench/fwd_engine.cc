@@ -74,8 +74,7 @@ Status FwdProblem::forward(cudaStream_t stream) const {
   in.q_data = make_view(q_data_.get(), dt, {p_.b, p_.h, p_.s_q, p_.d});
   in.q_scale = make_view(q_scale_.get(), DType::kF32, {p_.b, p_.h, operand_scale_tiles(p_.s_q)});
   in.k_data = make_view(k_data_.get(), dt, {p_.b, p_.h_kv, p_.s_k, p_.d});
-  in.k_scale =
-      make_view(k_scale_.get(), DType::kF32, {p_.b, p_.h_kv, operand_scale_tiles(p_.s_k)});
+  in.k_scale = make_view(k_scale_.get(), DType::kF32, {p_.b, p_.h_kv, operand_scale_tiles(p_.s_k)});
   in.v_data = make_view(v_data_.get(), dt, {p_.b, p_.h_kv, p_.d, operand_v_pitch(p_.s_k)});
   in.v_scale = make_view(v_scale_.get(), DType::kF32, {p_.b, p_.h_kv, p_.d});
   ForwardOptions opt;

@@ -185,7 +185,6 @@ void print_record(const FwdRecord& r) {
   std::fflush(stdout);
 }
 
-
 void print_header() {
   std::printf("%-22s %-10s %9s %8s %8s %10s %8s %6s\n", "case", "recipe", "ms", "TFLOP/s",
               "quant ms", "cos", "rel_l2", "MHz");

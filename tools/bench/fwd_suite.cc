@@ -3,6 +3,8 @@
 // least min_reps calls and min_time_ms), the SM clock it ran at, and cos / rel-L2 against float64
 // on a sample of rows; then the FA3-shape accuracy record. The JSON is rewritten after every
 // point so that a run stopped early still leaves what it measured (complete: false).
+#include "fwd_suite.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -20,7 +22,6 @@
 #include "fwd_engine.h"
 #include "fwd_grid.h"
 #include "fwd_report.h"
-#include "fwd_suite.h"
 #include "timing.h"
 
 namespace fp4attn::bench {
@@ -45,9 +46,9 @@ CopyCeiling measure_copy(const DeviceInfo& dev, const TimingConfig& timing, cuda
         BENCH_CUDA(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, stream));
       },
       1, timing, stream);
-  const Timing tk = time_launches(
-      [&](int) { launch_copy_kernel(dst.get(), src.get(), bytes, dev.sms, stream); }, 1, timing,
-      stream);
+  const Timing tk =
+      time_launches([&](int) { launch_copy_kernel(dst.get(), src.get(), bytes, dev.sms, stream); },
+                    1, timing, stream);
   CopyCeiling c;
   c.bytes = static_cast<int64_t>(bytes);
   c.memcpy_tbps = 2.0 * bytes / tm.median_ms / 1e9;
@@ -106,8 +107,8 @@ std::optional<FwdProblem> run_engine(const FwdPoint& p, Recipe recipe, const voi
   return prob;
 }
 
-HostSlice host_slice(const FwdPoint& p, const void* q, const void* k, const void* v,
-                     int64_t batch, int64_t head, cudaStream_t stream) {
+HostSlice host_slice(const FwdPoint& p, const void* q, const void* k, const void* v, int64_t batch,
+                     int64_t head, cudaStream_t stream) {
   HostSlice x;
   x.s_q = p.s_q;
   x.s_k = p.s_k;
@@ -172,23 +173,23 @@ void run_fa3_accuracy(FwdRun* s, cudaStream_t stream, bool* fatal) {
     if (prob) {
       std::vector<double> test_all, ref_all;
       for (size_t i = 0; i < slices.size(); ++i) {
-        const std::vector<uint16_t> o =
-            copy_slice_bf16(prob->output(), p.s_q, p.h, p.d, slices[i].first, slices[i].second,
-                            stream);
+        const std::vector<uint16_t> o = copy_slice_bf16(prob->output(), p.s_q, p.h, p.d,
+                                                        slices[i].first, slices[i].second, stream);
         std::vector<double> test(o.size());
         for (size_t j = 0; j < o.size(); ++j) test[j] = bf16_bits_to_double(o[j]);
-        const ErrorStats e = compare(test.data(), refs[i].data(), static_cast<int64_t>(test.size()));
+        const ErrorStats e =
+            compare(test.data(), refs[i].data(), static_cast<int64_t>(test.size()));
         a.worst_cos = std::min(a.worst_cos, e.cos);
         a.worst_rel_l2 = std::max(a.worst_rel_l2, e.rel_l2);
         test_all.insert(test_all.end(), test.begin(), test.end());
         ref_all.insert(ref_all.end(), refs[i].begin(), refs[i].end());
       }
       a.acc = compare(test_all.data(), ref_all.data(), static_cast<int64_t>(test_all.size()));
-      std::printf("%-22s %-10s %9.4f %8.1f  cos %.7f rel_l2 %.5f (%zu of %lld slices; FA3 FP8: "
-                  "0.9986, 0.053)\n",
-                  fa3_case(p).c_str(), recipe_name(recipe), a.t.median_ms,
-                  p.flops() / a.t.median_ms / 1e9, a.acc.cos, a.acc.rel_l2, slices.size(),
-                  static_cast<long long>(total));
+      std::printf(
+          "%-22s %-10s %9.4f %8.1f  cos %.7f rel_l2 %.5f (%zu of %lld slices; FA3 FP8: "
+          "0.9986, 0.053)\n",
+          fa3_case(p).c_str(), recipe_name(recipe), a.t.median_ms, p.flops() / a.t.median_ms / 1e9,
+          a.acc.cos, a.acc.rel_l2, slices.size(), static_cast<long long>(total));
     } else {
       std::printf("%-22s %-10s error: %s\n", fa3_case(p).c_str(), recipe_name(recipe),
                   a.error.c_str());
@@ -268,10 +269,10 @@ int run_fwd_suite(const FwdOptions& opt) {
   s.after = read_clocks(opt.device);
   s.complete = !fatal;
   const bool written = write_json(s);
-  std::printf("SM clock under load %.0f MHz (median of the points; peak %.0f); nvidia-smi %.0f -> "
-              "%.0f MHz\nwrote %s\n",
-              median_clock(s), s.peak_mhz, s.before.sm_mhz,
-              s.after.sm_mhz, opt.out_path.c_str());
+  std::printf(
+      "SM clock under load %.0f MHz (median of the points; peak %.0f); nvidia-smi %.0f -> "
+      "%.0f MHz\nwrote %s\n",
+      median_clock(s), s.peak_mhz, s.before.sm_mhz, s.after.sm_mhz, opt.out_path.c_str());
   cudaStreamDestroy(stream);
   int failed = 0;
   for (const auto& r : s.records) failed += !r.error.empty();

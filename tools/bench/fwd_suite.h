@@ -21,9 +21,9 @@ struct FwdOptions : SuiteOptions {
   int min_reps = 10;             // timed calls per point: at least this many ...
   double min_time_ms = 200;      // ... and at least this much time in all
   int max_reps = 2000;
-  int sample_rows = 256;         // query rows checked against float64 per grid point
-  int acc_slices = 32;           // (batch, head) slices of the FA3-shape check; 0 = all
-  bool fa3_accuracy = true;      // the accuracy record at b=8, h=16, s=2048, d=128
+  int sample_rows = 256;     // query rows checked against float64 per grid point
+  int acc_slices = 32;       // (batch, head) slices of the FA3-shape check; 0 = all
+  bool fa3_accuracy = true;  // the accuracy record at b=8, h=16, s=2048, d=128
   uint64_t seed = 0;
 };
 
