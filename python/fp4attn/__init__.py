@@ -6,8 +6,8 @@ CPU tensors run on the golden model (the bit-exact definition of every recipe, s
 tensors on the GPU kernels. See docs/python.md.
 """
 
-from ._native import UnsupportedError, _C
 from ._checks import RECIPES
+from ._native import _C, UnsupportedError
 from .api import attn_func, attn_quantized, quantize_q, quantize_qkv
 from .quantized import QuantizedQKV
 

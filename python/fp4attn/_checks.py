@@ -43,7 +43,9 @@ def check_softmax_scale(softmax_scale: object) -> float:
     if softmax_scale is None:
         return 0.0
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
-        raise TypeError(f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}")
+        raise TypeError(
+            f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}"
+        )
     if not math.isfinite(softmax_scale) or softmax_scale <= 0:
         raise ValueError(f"softmax_scale: expected a finite value > 0, got {softmax_scale}")
     return float(softmax_scale)

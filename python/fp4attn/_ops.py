@@ -50,8 +50,18 @@ def attn_fwd(
     if q.device.type == "cuda":
         require_cuda_build("q", attention=True)
         with torch.cuda.device(q.device):
-            run_cuda(_C.attention_cuda, q, k, v, o, lse, recipe, softmax_scale, causal,
-                     cuda_stream(q.device))
+            run_cuda(
+                _C.attention_cuda,
+                q,
+                k,
+                v,
+                o,
+                lse,
+                recipe,
+                softmax_scale,
+                causal,
+                cuda_stream(q.device),
+            )
     else:
         _C.golden_forward(q, k, v, o, lse, recipe, softmax_scale, causal)
     return o, lse
@@ -66,7 +76,9 @@ def _(q, k, v, recipe, softmax_scale, causal):
 
 
 @torch.library.custom_op("fp4attn::quantize_operand", mutates_args=())
-def quantize_operand(x: Tensor, recipe: str, role: str, tensor_scale: float) -> tuple[Tensor, Tensor]:
+def quantize_operand(
+    x: Tensor, recipe: str, role: str, tensor_scale: float
+) -> tuple[Tensor, Tensor]:
     """The kernel operand (data, scale) of a BSHD input for `role` in ('q', 'k', 'v')."""
     data_shape, scale_shape = operand_shapes(x.shape, role)
     data = torch.empty(data_shape, dtype=operand_dtype(recipe), device=x.device)
@@ -74,8 +86,18 @@ def quantize_operand(x: Tensor, recipe: str, role: str, tensor_scale: float) -> 
     if x.device.type == "cuda":
         require_cuda_build(role, attention=False)
         with torch.cuda.device(x.device):
-            run_cuda(_C.quantize_operand_cuda, x, recipe, role, tensor_scale, False,
-                     as_codes(data), scale, None, cuda_stream(x.device))
+            run_cuda(
+                _C.quantize_operand_cuda,
+                x,
+                recipe,
+                role,
+                tensor_scale,
+                False,
+                as_codes(data),
+                scale,
+                None,
+                cuda_stream(x.device),
+            )
     else:
         _C.quantize_operand_host(x, recipe, role, tensor_scale, False, as_codes(data), scale, None)
     return data, scale
@@ -84,8 +106,10 @@ def quantize_operand(x: Tensor, recipe: str, role: str, tensor_scale: float) -> 
 @quantize_operand.register_fake
 def _(x, recipe, role, tensor_scale):
     data_shape, scale_shape = operand_shapes(x.shape, role)
-    return (x.new_empty(data_shape, dtype=operand_dtype(recipe)),
-            x.new_empty(scale_shape, dtype=torch.float32))
+    return (
+        x.new_empty(data_shape, dtype=operand_dtype(recipe)),
+        x.new_empty(scale_shape, dtype=torch.float32),
+    )
 
 
 # ---- attention on kernel operands -------------------------------------------------------------
@@ -93,14 +117,33 @@ def _(x, recipe, role, tensor_scale):
 
 @torch.library.custom_op("fp4attn::attn_operands_fwd", mutates_args=())
 def attn_operands_fwd(
-    q_data: Tensor, q_scale: Tensor, k_data: Tensor, k_scale: Tensor, v_data: Tensor,
-    v_scale: Tensor, recipe: str, softmax_scale: float, causal: bool, out_dtype: torch.dtype,
+    q_data: Tensor,
+    q_scale: Tensor,
+    k_data: Tensor,
+    k_scale: Tensor,
+    v_data: Tensor,
+    v_scale: Tensor,
+    recipe: str,
+    softmax_scale: float,
+    causal: bool,
+    out_dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor]:
     """Forward attention over kernel operands (operands.h layouts). Returns BSHD (o, lse)."""
     b, h, s_q, d = q_data.shape
     o, lse = _outputs((b, s_q, h, d), out_dtype, q_data.device)
-    args = (as_codes(q_data), q_scale, as_codes(k_data), k_scale, as_codes(v_data), v_scale, o,
-            lse, recipe, softmax_scale, causal)
+    args = (
+        as_codes(q_data),
+        q_scale,
+        as_codes(k_data),
+        k_scale,
+        as_codes(v_data),
+        v_scale,
+        o,
+        lse,
+        recipe,
+        softmax_scale,
+        causal,
+    )
     if q_data.device.type == "cuda":
         require_cuda_build("q_data", attention=True)
         with torch.cuda.device(q_data.device):
@@ -111,8 +154,7 @@ def attn_operands_fwd(
 
 
 @attn_operands_fwd.register_fake
-def _(q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, softmax_scale, causal,
-      out_dtype):
+def _(q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, softmax_scale, causal, out_dtype):
     b, h, s_q, d = q_data.shape
     return _outputs((b, s_q, h, d), out_dtype, q_data.device)
 
@@ -135,4 +177,4 @@ def _no_context(ctx, inputs, output):
 for _op in (attn_fwd, attn_operands_fwd):
     _op.register_autograd(_no_backward, setup_context=_no_context)
 
-__all__ = ["attn_fwd", "quantize_operand", "attn_operands_fwd"]
+__all__ = ["attn_fwd", "attn_operands_fwd", "quantize_operand"]

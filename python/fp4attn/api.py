@@ -46,8 +46,9 @@ def attn_func(
     _checks.check_bool(causal, "causal")
     _checks.check_bool(return_lse, "return_lse")
     _checks.check_recipe(recipe)
-    o, lse = _ops.attn_fwd(_to_bshd(q, layout), _to_bshd(k, layout), _to_bshd(v, layout), recipe,
-                           scale, causal)
+    o, lse = _ops.attn_fwd(
+        _to_bshd(q, layout), _to_bshd(k, layout), _to_bshd(v, layout), recipe, scale, causal
+    )
     return _result(o, lse, layout, return_lse)
 
 
@@ -63,8 +64,10 @@ def _tensor_scale(value: float | None, name: str) -> float:
 
 def _check_quantize_dtype(t: torch.Tensor, name: str) -> None:
     if t.device.type != "cuda" and t.dtype not in _QUANTIZE_CPU_DTYPES:
-        raise TypeError(f"{name}: dtype {t.dtype} is not supported by quantize_qkv on CPU "
-                        "(supported: float16, bfloat16, float32)")
+        raise TypeError(
+            f"{name}: dtype {t.dtype} is not supported by quantize_qkv on CPU "
+            "(supported: float16, bfloat16, float32)"
+        )
 
 
 def quantize_qkv(
@@ -87,39 +90,52 @@ def quantize_qkv(
     _checks.check_recipe(recipe)
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         _check_quantize_dtype(t, name)
-    scales = [_tensor_scale(s, n) for s, n in ((q_tensor_scale, "q_tensor_scale"),
-                                              (k_tensor_scale, "k_tensor_scale"),
-                                              (v_tensor_scale, "v_tensor_scale"))]
-    ops = [_ops.quantize_operand(_to_bshd(t, layout), recipe, role, s)
-           for t, role, s in ((q, "q", scales[0]), (k, "k", scales[1]), (v, "v", scales[2]))]
+    scales = [
+        _tensor_scale(s, n)
+        for s, n in (
+            (q_tensor_scale, "q_tensor_scale"),
+            (k_tensor_scale, "k_tensor_scale"),
+            (v_tensor_scale, "v_tensor_scale"),
+        )
+    ]
+    ops = [
+        _ops.quantize_operand(_to_bshd(t, layout), recipe, role, s)
+        for t, role, s in ((q, "q", scales[0]), (k, "k", scales[1]), (v, "v", scales[2]))
+    ]
     (q_data, q_scale), (k_data, k_scale), (v_data, v_scale) = ops
-    return QuantizedQKV(q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, q.dtype,
-                        layout)
+    return QuantizedQKV(q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, q.dtype, layout)
 
 
 def quantize_q(
-    q: torch.Tensor, recipe: str = "nvfp4", layout: str = "bshd",
+    q: torch.Tensor,
+    recipe: str = "nvfp4",
+    layout: str = "bshd",
     tensor_scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Q operand alone (q_data, q_scale), e.g. a new query against quantized K/V."""
     _checks.check_layout(layout)
     _checks.check_recipe(recipe)
-    dims = "(batch, seqlen_q, heads, head_dim)" if layout == "bshd" else \
-        "(batch, heads, seqlen_q, head_dim)"
+    dims = (
+        "(batch, seqlen_q, heads, head_dim)"
+        if layout == "bshd"
+        else "(batch, heads, seqlen_q, head_dim)"
+    )
     _checks.check_tensor(q, "q", 4, dims)
     _checks.check_device(q, "q", q, "q")
     _checks.check_input_dtype(q, "q")
     _check_quantize_dtype(q, "q")
     _checks.check_last_dim_contiguous(q, "q")
     _checks.check_head_dim(q.shape[3], "q")
-    return _ops.quantize_operand(_to_bshd(q, layout), recipe, "q",
-                                 _tensor_scale(tensor_scale, "tensor_scale"))
+    return _ops.quantize_operand(
+        _to_bshd(q, layout), recipe, "q", _tensor_scale(tensor_scale, "tensor_scale")
+    )
 
 
 def _check_operands(qkv: QuantizedQKV) -> None:
     if not isinstance(qkv, QuantizedQKV):
-        raise TypeError(f"qkv: expected a QuantizedQKV (from quantize_qkv), got "
-                        f"{type(qkv).__name__}")
+        raise TypeError(
+            f"qkv: expected a QuantizedQKV (from quantize_qkv), got {type(qkv).__name__}"
+        )
     _checks.check_recipe(qkv.recipe)
     _checks.check_layout(qkv.layout)
     names = ("q_data", "q_scale", "k_data", "k_scale", "v_data", "v_scale")
@@ -130,8 +146,10 @@ def _check_operands(qkv: QuantizedQKV) -> None:
     code = _ops.operand_dtype(qkv.recipe)
     for name in ("q_data", "k_data", "v_data"):
         if getattr(qkv, name).dtype != code:
-            raise TypeError(f"{name}: expected dtype {code} for recipe {qkv.recipe!r}, got "
-                            f"{getattr(qkv, name).dtype}")
+            raise TypeError(
+                f"{name}: expected dtype {code} for recipe {qkv.recipe!r}, got "
+                f"{getattr(qkv, name).dtype}"
+            )
     if qkv.out_dtype not in _checks.CPU_DTYPES:
         raise TypeError(f"out_dtype: {qkv.out_dtype} is not a supported output dtype")
     _checks.check_head_dim(qkv.q_data.shape[3], "q_data")
@@ -153,6 +171,16 @@ def attn_quantized(
     scale = _checks.check_softmax_scale(softmax_scale)
     _checks.check_bool(causal, "causal")
     _checks.check_bool(return_lse, "return_lse")
-    o, lse = _ops.attn_operands_fwd(qkv.q_data, qkv.q_scale, qkv.k_data, qkv.k_scale, qkv.v_data,
-                                    qkv.v_scale, qkv.recipe, scale, causal, qkv.out_dtype)
+    o, lse = _ops.attn_operands_fwd(
+        qkv.q_data,
+        qkv.q_scale,
+        qkv.k_data,
+        qkv.k_scale,
+        qkv.v_data,
+        qkv.v_scale,
+        qkv.recipe,
+        scale,
+        causal,
+        qkv.out_dtype,
+    )
     return _result(o, lse, qkv.layout, return_lse)

@@ -43,6 +43,7 @@ class QuantizedQKV:
         """The same K/V with a new q (same recipe and layout) quantized in."""
         from .api import quantize_q  # api imports this module
 
-        q_data, q_scale = quantize_q(q, recipe=self.recipe, layout=self.layout,
-                                     tensor_scale=tensor_scale)
+        q_data, q_scale = quantize_q(
+            q, recipe=self.recipe, layout=self.layout, tensor_scale=tensor_scale
+        )
         return dataclasses.replace(self, q_data=q_data, q_scale=q_scale, out_dtype=q.dtype)

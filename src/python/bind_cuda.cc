@@ -30,10 +30,9 @@ void quantize_operand_cuda_py(const Array& x, const std::string& recipe, const s
   opt.tensor_scale = static_cast<float>(tensor_scale);
   opt.smooth_k = smooth_k;
   const Recipe r = recipe_arg(recipe);
-  throw_if_error(quantize_operand_cuda(to_view(x, "x"), r, role_arg(role), opt,
-                                       to_view(data, "data", r != Recipe::kBf16),
-                                       to_view(scale, "scale"), optional_view(mean, "mean"),
-                                       stream_arg(stream)));
+  throw_if_error(quantize_operand_cuda(
+      to_view(x, "x"), r, role_arg(role), opt, to_view(data, "data", r != Recipe::kBf16),
+      to_view(scale, "scale"), optional_view(mean, "mean"), stream_arg(stream)));
 }
 
 #ifdef FP4ATTN_PY_CUDA_ATTENTION
@@ -92,11 +91,12 @@ void bind_cuda(nb::module_& m) {
         arg("lse").none(), arg("recipe"), arg("softmax_scale"), arg("causal"), arg("stream"),
         "GPU forward attention on BF16/FP16 BSHD q/k/v, launched on `stream`.");
   m.def("attention_operands_cuda", &attention_operands_cuda, arg("q_data"), arg("q_scale"),
-        arg("k_data"), arg("k_scale"), arg("v_data"), arg("v_scale"), arg("o"),
-        arg("lse").none(), arg("recipe"), arg("softmax_scale"), arg("causal"), arg("stream"),
+        arg("k_data"), arg("k_scale"), arg("v_data"), arg("v_scale"), arg("o"), arg("lse").none(),
+        arg("recipe"), arg("softmax_scale"), arg("causal"), arg("stream"),
         "GPU forward attention over kernel operands, launched on `stream`.");
-  m.def("check_forward_device", [] { throw_if_error(check_forward_device()); },
-        "Raises ValueError saying why the current device cannot run the engine.");
+  m.def(
+      "check_forward_device", [] { throw_if_error(check_forward_device()); },
+      "Raises ValueError saying why the current device cannot run the engine.");
 #else
   m.def("has_cuda_attention", [] { return false; });
 #endif

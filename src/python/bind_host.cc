@@ -1,8 +1,8 @@
 // Host (CPU) entry points: the golden model for attention, the host reference of the kernel
 // operands, and attention over those operands.
 #include <nanobind/stl/optional.h>
-#include <nanobind/stl/string.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <string>
@@ -74,9 +74,9 @@ void attention_operands_host(const Array& q_data, const Array& q_scale, const Ar
   opt.softmax_scale = softmax_scale;
   opt.causal = causal;
   const bool e4m3 = opt.recipe != Recipe::kBf16;
-  const HostOperands in{to_view(q_data, "q_data", e4m3), to_view(q_scale, "q_scale"),
-                        to_view(k_data, "k_data", e4m3), to_view(k_scale, "k_scale"),
-                        to_view(v_data, "v_data", e4m3), to_view(v_scale, "v_scale")};
+  const ForwardOperands in{to_view(q_data, "q_data", e4m3), to_view(q_scale, "q_scale"),
+                           to_view(k_data, "k_data", e4m3), to_view(k_scale, "k_scale"),
+                           to_view(v_data, "v_data", e4m3), to_view(v_scale, "v_scale")};
   const TensorView ov = to_view(o, "o"), lv = optional_view(lse, "lse");
   Status st;
   {
@@ -103,8 +103,8 @@ void bind_host(nb::module_& m) {
         arg("tensor_scale"), arg("smooth_k"), arg("data"), arg("scale"), arg("mean").none(),
         "Host reference of the kernel operand of one role (operands.h layouts).");
   m.def("attention_operands_host", &attention_operands_host, arg("q_data"), arg("q_scale"),
-        arg("k_data"), arg("k_scale"), arg("v_data"), arg("v_scale"), arg("o"),
-        arg("lse").none(), arg("recipe"), arg("softmax_scale"), arg("causal"),
+        arg("k_data"), arg("k_scale"), arg("v_data"), arg("v_scale"), arg("o"), arg("lse").none(),
+        arg("recipe"), arg("softmax_scale"), arg("causal"),
         "Attention over kernel operands on the CPU, with the golden model's arithmetic.");
   m.def("recipes", &recipes, "(name, summary) of every recipe.");
   m.def("operand_v_pitch", &operand_v_pitch, arg("seqlen"));

@@ -11,14 +11,22 @@ bool dtype_of(dl::dtype t, DType* out) {
   using Code = dl::dtype_code;
   if (t.lanes != 1) return false;
   const auto code = static_cast<Code>(t.code);
-  if (code == Code::Float && t.bits == 64) *out = DType::kF64;
-  else if (code == Code::Float && t.bits == 32) *out = DType::kF32;
-  else if (code == Code::Float && t.bits == 16) *out = DType::kF16;
-  else if (code == Code::Bfloat && t.bits == 16) *out = DType::kBF16;
-  else if (code == Code::UInt && t.bits == 8) *out = DType::kU8;
-  else if (code == Code::Int && t.bits == 32) *out = DType::kI32;
-  else if (code == Code::Float8_E4M3FN && t.bits == 8) *out = DType::kE4M3;
-  else return false;
+  if (code == Code::Float && t.bits == 64)
+    *out = DType::kF64;
+  else if (code == Code::Float && t.bits == 32)
+    *out = DType::kF32;
+  else if (code == Code::Float && t.bits == 16)
+    *out = DType::kF16;
+  else if (code == Code::Bfloat && t.bits == 16)
+    *out = DType::kBF16;
+  else if (code == Code::UInt && t.bits == 8)
+    *out = DType::kU8;
+  else if (code == Code::Int && t.bits == 32)
+    *out = DType::kI32;
+  else if (code == Code::Float8_E4M3FN && t.bits == 8)
+    *out = DType::kE4M3;
+  else
+    return false;
   return true;
 }
 
@@ -28,8 +36,8 @@ TensorView to_view(const nb::ndarray<>& a, const char* name, bool as_e4m3) {
   TensorView v;
   if (!dtype_of(a.dtype(), &v.dtype)) {
     throw nb::type_error((std::string(name) + ": unsupported dtype (code " +
-                          std::to_string(a.dtype().code) + ", " +
-                          std::to_string(a.dtype().bits) + " bits)")
+                          std::to_string(a.dtype().code) + ", " + std::to_string(a.dtype().bits) +
+                          " bits)")
                              .c_str());
   }
   if (as_e4m3) {

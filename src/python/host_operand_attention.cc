@@ -27,14 +27,14 @@ Status expect(const TensorView& t, const char* name, std::initializer_list<int64
   for (int i = 0; same && i < t.rank; ++i) same = t.shape[i] == want.shape[i];
   if (!same) {
     return Status::Invalid(std::string(name) + ": expected a contiguous " + dtype_name(dtype) +
-                           " tensor of shape " + want.shape_str() + ", got " +
-                           dtype_name(t.dtype) + " " + t.shape_str());
+                           " tensor of shape " + want.shape_str() + ", got " + dtype_name(t.dtype) +
+                           " " + t.shape_str());
   }
   return t.numel() == 0 ? Status::Ok() : check_not_null(t, name);
 }
 
 // The operands' shapes follow from q_data [b, h, s_q, d] and k_data [b, h_kv, s_k, d].
-Status validate(const HostOperands& in, const RecipeOptions& opt, const TensorView& o,
+Status validate(const ForwardOperands& in, const RecipeOptions& opt, const TensorView& o,
                 const TensorView& lse, Dims* dims) {
   if (opt.smooth_k) {
     return Status::Invalid("smooth_k: not available on operands (the LSE correction needs q)");
@@ -62,8 +62,7 @@ Status validate(const HostOperands& in, const RecipeOptions& opt, const TensorVi
   FP4ATTN_RETURN_IF_ERROR(
       expect(in.v_data, "v_data", {x.b, x.h_kv, x.d, operand_v_pitch(x.s_k)}, code));
   FP4ATTN_RETURN_IF_ERROR(expect(in.v_scale, "v_scale", {x.b, x.h_kv, x.d}, DType::kF32));
-  const std::initializer_list<DType> floats = {DType::kF64, DType::kF32, DType::kBF16,
-                                               DType::kF16};
+  const std::initializer_list<DType> floats = {DType::kF64, DType::kF32, DType::kBF16, DType::kF16};
   FP4ATTN_RETURN_IF_ERROR(check_rank(o, "o", 4, "(batch, seqlen_q, heads, head_dim)"));
   FP4ATTN_RETURN_IF_ERROR(check_dtype(o, "o", floats));
   FP4ATTN_RETURN_IF_ERROR(check_strides(o, "o"));
@@ -95,7 +94,7 @@ double code_value(const TensorView& t, int64_t i) {
 
 // One (batch, head): the loop of golden_attention_forward, with the operands read back from the
 // kernel layouts. Same operation order, so the same doubles come out.
-void run_head(const HostOperands& in, const RecipeOptions& opt, const Dims& x, double scale,
+void run_head(const ForwardOperands& in, const RecipeOptions& opt, const Dims& x, double scale,
               const TensorView& o, const TensorView& lse, int64_t bi, int64_t hi) {
   const int64_t hk = hi / (x.h / x.h_kv), d = x.d;
   const int64_t q_head = bi * x.h + hi, kv_head = bi * x.h_kv + hk;
@@ -142,15 +141,14 @@ void run_head(const HostOperands& in, const RecipeOptions& opt, const Dims& x, d
     const int64_t obase = bi * o.stride[0] + i * o.stride[1] + hi * o.stride[2];
     for (int64_t c = 0; c < d; ++c) store_from_double(o, obase + c * o.stride[3], acc[c]);
     if (lse.defined()) {
-      store_from_double(lse, bi * lse.stride[0] + hi * lse.stride[1] + i * lse.stride[2],
-                        row_lse);
+      store_from_double(lse, bi * lse.stride[0] + hi * lse.stride[1] + i * lse.stride[2], row_lse);
     }
   }
 }
 
 }  // namespace
 
-Status attention_forward_operands_host(const HostOperands& in, const RecipeOptions& opt,
+Status attention_forward_operands_host(const ForwardOperands& in, const RecipeOptions& opt,
                                        const TensorView& o, const TensorView& lse) {
   if (static_cast<int>(opt.recipe) < 0 ||
       static_cast<int>(opt.recipe) > static_cast<int>(Recipe::kFp4Direct)) {
@@ -161,7 +159,8 @@ Status attention_forward_operands_host(const HostOperands& in, const RecipeOptio
   FP4ATTN_RETURN_IF_ERROR(validate(in, opt, o, lse, &x));
   double scale = 0;
   FP4ATTN_RETURN_IF_ERROR(resolve_softmax_scale(opt.softmax_scale, x.d, &scale));
-  parallel_for(x.b * x.h, [&](int64_t bh) { run_head(in, opt, x, scale, o, lse, bh / x.h, bh % x.h); });
+  parallel_for(x.b * x.h,
+               [&](int64_t bh) { run_head(in, opt, x, scale, o, lse, bh / x.h, bh % x.h); });
   return Status::Ok();
 }
 

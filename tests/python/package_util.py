@@ -23,8 +23,7 @@ def tolerance(recipe: str) -> float:
     return DOCUMENTED_REL_L2[recipe] * MARGIN + 0.005
 
 
-def qkv(b=1, s_q=256, s_k=None, h=4, h_kv=None, d=64, dtype=torch.float32, device="cpu",
-        seed=0):
+def qkv(b=1, s_q=256, s_k=None, h=4, h_kv=None, d=64, dtype=torch.float32, device="cpu", seed=0):
     """Gaussian BSHD q, k, v with BF16-exact values (what the GPU reads)."""
     g = torch.Generator().manual_seed(seed)
     s_k = s_q if s_k is None else s_k

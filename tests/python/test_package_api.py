@@ -64,8 +64,12 @@ def test_softmax_scale():
     o = fp4attn.attn_func(q, k, v, softmax_scale=0.3, recipe="bf16")
     assert rel_l2(o, sdpa_bshd(q, k, v, scale=0.3)) < tolerance("bf16")
     default = fp4attn.attn_func(q, k, v, recipe="bf16")
-    torch.testing.assert_close(fp4attn.attn_func(q, k, v, softmax_scale=64**-0.5, recipe="bf16"),
-                               default, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        fp4attn.attn_func(q, k, v, softmax_scale=64**-0.5, recipe="bf16"),
+        default,
+        rtol=1e-6,
+        atol=1e-6,
+    )
 
 
 def test_non_contiguous_inputs_with_contiguous_head_dim():
@@ -117,8 +121,9 @@ def test_quantized_bhsd_output_layout():
     q, k, v = (t.transpose(1, 2).contiguous() for t in qkv(s_q=64, d=64))
     ops = fp4attn.quantize_qkv(q, k, v, recipe="fp8", layout="bhsd")
     o = fp4attn.attn_quantized(ops)
-    torch.testing.assert_close(o, fp4attn.attn_func(q, k, v, recipe="fp8", layout="bhsd"),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        o, fp4attn.attn_func(q, k, v, recipe="fp8", layout="bhsd"), rtol=0, atol=0
+    )
 
 
 def test_static_tensor_scale_changes_nvfp4_operands():

@@ -25,7 +25,9 @@ def test_not_a_tensor(good):
 
 def test_wrong_rank(good):
     q, k, v = good
-    with pytest.raises(ValueError, match=r"^q: expected rank 4 \(batch, seqlen_q, heads, head_dim\)"):
+    with pytest.raises(
+        ValueError, match=r"^q: expected rank 4 \(batch, seqlen_q, heads, head_dim\)"
+    ):
         call(q[0], k, v)
     with pytest.raises(ValueError, match=r"^v: expected rank 4 \(batch, kv_heads, seqlen_k"):
         call(q.transpose(1, 2), k.transpose(1, 2), v[0], layout="bhsd")
@@ -58,7 +60,9 @@ def test_mismatched_devices(good):
 
 def test_head_dim(good):
     q, k, v = (torch.zeros(1, 16, 4, 80) for _ in range(3))
-    with pytest.raises(ValueError, match=r"^q: head_dim 80 is not supported \(supported: 64, 128\)"):
+    with pytest.raises(
+        ValueError, match=r"^q: head_dim 80 is not supported \(supported: 64, 128\)"
+    ):
         call(q, k, v)
 
 
@@ -73,7 +77,7 @@ def test_shapes(good):
 
 
 def test_non_contiguous_head_dim(good):
-    q, k, v = good
+    q, _, v = good
     strided = torch.zeros(1, 16, 4, 128)[..., ::2]
     with pytest.raises(ValueError, match=r"^k: the last dimension \(head_dim\) must be contiguous"):
         call(q, strided, v)
@@ -110,7 +114,9 @@ def test_native_checks_name_the_operand(good):
     q, k, v = good
     ops = fp4attn.quantize_qkv(q, k, v, recipe="fp8")
     bad = dataclasses.replace(ops, v_scale=ops.v_scale[:, :, :32].contiguous())
-    with pytest.raises(ValueError, match=r"^v_scale: expected a contiguous float32 tensor of shape"):
+    with pytest.raises(
+        ValueError, match=r"^v_scale: expected a contiguous float32 tensor of shape"
+    ):
         fp4attn.attn_quantized(bad)
     with pytest.raises(TypeError, match="^q_data: expected dtype torch.bfloat16 for recipe 'bf16'"):
         fp4attn.attn_quantized(dataclasses.replace(ops, recipe="bf16"))
