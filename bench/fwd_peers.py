@@ -25,11 +25,10 @@ import shlex
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import peers  # noqa: E402  (bench/peers.py: backends, ceilings, clocks, rounding)
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import sdpa_kernel  # noqa: E402
+import peers  # bench/peers.py: backends, ceilings, clocks, rounding
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel
 
 
 def grid(quick, dims=None, seqlens=None):

@@ -67,7 +67,7 @@ def merge_record(ours, peer_name, peer):
     else:
         rec["peer_ms"] = peer["ms"]
         rec["peer_tflops"] = peer["tflops"]
-        if "ms" in ours and ours["ms"]:
+        if ours.get("ms"):
             rec["speedup"] = round(peer["ms"] / ours["ms"], 4)
     if peer_name == CUDNN:
         rec["target_speedup"] = target_speedup(ours["d"], ours["s_q"])

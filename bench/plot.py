@@ -251,9 +251,9 @@ def fwd_md(doc):
         lines += [f"### {recipe}", "", md_table(header, rows), ""]
         summ = (doc.get("summary") or {}).get(recipe)
         if summ:
-            lines += [f"{summ['meets_target']} of {summ['points']} points meet the target; "
-                      f"speedup over cuDNN BF16 min {fmt(summ.get('min_speedup'), 3)}, "
-                      f"geometric mean {fmt(summ.get('geomean_speedup'), 3)}.", ""]
+            lines += [(f"{summ['meets_target']} of {summ['points']} points meet the target; "
+                       f"speedup over cuDNN BF16 min {fmt(summ.get('min_speedup'), 3)}, "
+                       f"geometric mean {fmt(summ.get('geomean_speedup'), 3)}."), ""]
     acc = doc.get("accuracy") or []
     if acc:
         rows = []

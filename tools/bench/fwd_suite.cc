@@ -133,8 +133,6 @@ Inputs make_inputs(const FwdPoint& p, uint64_t seed, cudaStream_t stream) {
   return in;
 }
 
-// ---- JSON ---------------------------------------------------------------------------------------
-
 // The FA3 comparison shape: every row of acc_slices (batch, head) slices spread over the tensor
 // (all of them when acc_slices is 0 or >= b * h) against float64; the reference of each slice is
 // computed once and shared by the recipes.
