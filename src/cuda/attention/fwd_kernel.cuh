@@ -145,23 +145,20 @@ __device__ __forceinline__ void softmax_block(float (&s)[64], RowState& st, floa
     bias[h2] = kPLift - m_use;
   }
   float rs[2] = {0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    s[i] = fast_exp2(fmaf(s[i], c, bias[Frag::half(i)]));
-    rs[Frag::half(i)] += s[i];
-  }
-  if (edge) {  // masked keys are exactly 0 even when c is 0 (-inf * 0 is NaN)
-    float fix[2] = {0.f, 0.f};
+  if (edge) {  // masked keys give exactly 0, even where c is 0 or NaN (-inf * c is NaN then)
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
       const int key = n0 + Frag::col(i, t);
-      if (!key_visible(key, rows[Frag::half(i)], s_k, causal, causal_offset)) {
-        fix[Frag::half(i)] += s[i];
-        s[i] = 0.f;
-      }
+      const float e = fast_exp2(fmaf(s[i], c, bias[Frag::half(i)]));
+      s[i] = key_visible(key, rows[Frag::half(i)], s_k, causal, causal_offset) ? e : 0.f;
+      rs[Frag::half(i)] += s[i];
     }
-    rs[0] -= fix[0];
-    rs[1] -= fix[1];
+  } else {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      s[i] = fast_exp2(fmaf(s[i], c, bias[Frag::half(i)]));
+      rs[Frag::half(i)] += s[i];
+    }
   }
   st.l[0] = fmaf(st.l[0], alpha[0], rs[0]);
   st.l[1] = fmaf(st.l[1], alpha[1], rs[1]);
