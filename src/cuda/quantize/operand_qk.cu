@@ -18,8 +18,9 @@
 //      CTA per 128-token tile (amax over the whole 128 x d tile in shared memory, then codes).
 //
 // Speed (operand_qk_fast.cuh): inputs unpacked without NaN quieting where only NaN-ness matters,
-// block amax as packed 16-bit integer maxima, NVFP4 blocks by operand_fast::nvfp4_block_fast (fast
-// exact E2M1/E4M3 paths), MX blocks by packed::mxfp4_block, the fold E4M3(e2m1 * factor) through
+// block amax as packed 16-bit integer maxima, NVFP4 blocks by nvfp4_operand_kernel (a per-CTA
+// table of s_enc / scale, exact short scale encodes, packed::four_over_six shared with the packed
+// quantizer), MX blocks by packed::mxfp4_block, the fold E4M3(e2m1 * factor) through
 // per-scale-code byte tables (fold_table_kernel) selected with PRMT, fp8 codes by the exact
 // e4m3x4_finite, the K mean as a plain FP64 chain (recomputed with x86 NaN rules only when NaN).
 //
@@ -512,7 +513,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The folded bytes of one NVFP4 block by the generic reference functions (any s_enc, e.g. a
-// static scale outside operand_fast::nvfp4_block_fast's precondition). Out of line: rarely run.
+// static scale beyond packed::nvfp4_table_finite). Out of line: rarely run.
 template <Nvfp4ScaleRule kRule>
 __device__ __noinline__ void nvfp4_fold_generic(const float* v, float s_enc, uint8_t* dst) {
   uint8_t codes[kNvfp4Block];
@@ -549,7 +550,7 @@ __global__ void fold_table_kernel() {
 
 // ---- pass 3: quantization -----------------------------------------------------------------------
 
-enum class Mode { kBf16, kNvfp4, kMx };
+enum class Mode { kBf16, kMx };  // NVFP4: nvfp4_operand_kernel
 
 // 2^t as a float, t in [-149, 127].
 __device__ __forceinline__ float pow2_float(int t) {
@@ -569,17 +570,10 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t units = a.s * kNb;
   const int64_t tiles = (a.s + kOperandTileTokens - 1) / kOperandTileTokens;
   for (int64_t bh = blockIdx.y; bh < a.nbh; bh += gridDim.y) {
-    // The slice's factor (golden_operands.cc): nvfp4 8 / s_enc, mxfp4 2^t, bf16 1.
-    float s_enc = 1.f, factor = 1.f;
-    bool fast = true;
+    // The slice's factor (golden_operands.cc): mxfp4 2^t, bf16 1.
+    float factor = 1.f;
     int t = 0;
-    if constexpr (kMode == Mode::kNvfp4) {
-      s_enc =
-          static_s_enc != 0.f ? static_s_enc : nvfp4_tensor_scale(bits_float(slice_max[bh]), kRule);
-      factor = detail::div_rn(8.f, s_enc);
-      // operand_fast::nvfp4_block_fast's precondition (a computed s_enc always meets it).
-      fast = s_enc > 0.f && s_enc <= 3.4028234e38f;
-    } else if constexpr (kMode == Mode::kMx) {
+    if constexpr (kMode == Mode::kMx) {
       const uint32_t m = slice_max[bh];
       if (m != 0) {
         // The block exponent of the largest finite block amax is the slice's largest.
@@ -621,22 +615,6 @@ __global__ void __launch_bounds__(kThreads)
         uint4* dst = reinterpret_cast<uint4*>(static_cast<uint16_t*>(data) + out);
         dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
         dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
-      } else if constexpr (kMode == Mode::kNvfp4) {
-        if (fast) {
-          uint32_t w[2];
-          const uint32_t sc = operand_fast::nvfp4_block_fast<kRule>(v, amax, s_enc, w);
-          const uint2 row = __ldg(g_nv_fold + sc);
-          uint4 o;
-          operand_fast::fold8(w[0], row.x, row.y, o.x, o.y);
-          operand_fast::fold8(w[1], row.x, row.y, o.z, o.w);
-          if ((sc & 0x7Fu) == 0x7Fu) o = make_uint4(0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);
-          *reinterpret_cast<uint4*>(static_cast<uint8_t*>(data) + out) = o;
-        } else {
-          float vc[kBlk];  // a copy: v itself must not escape (local memory on every path)
-#pragma unroll
-          for (int i = 0; i < kBlk; ++i) vc[i] = v[i];
-          nvfp4_fold_generic<kRule>(vc, s_enc, static_cast<uint8_t*>(data) + out);
-        }
       } else {
         uint32_t w[4];
         const uint32_t sc = packed::mxfp4_block<MxScaleRule::kRoundUp>(v, amax, w);
@@ -656,6 +634,125 @@ __global__ void __launch_bounds__(kThreads)
         dst[1] = o1;
       }
       if (blk == 0 && token % kOperandTileTokens == 0) {
+        scale[bh * tiles + token / kOperandTileTokens] = factor;
+      }
+    }
+  }
+}
+
+// One NVFP4 block (nvfp4_quantize_block, then the fold E4M3(e2m1 * scale / 8)) of the 16 values
+// in r0, r1 (minus mu when kSmooth), as the 16 folded bytes. s_enc finite > 0 with
+// packed::nvfp4_table_finite; table: packed::nvfp4_fill_scale_table(s_enc).
+// The scale math is exact and short: amax on the 16-bit bits (kSmooth: of the FP32 differences),
+// amax / 6 by div6_16bit (exact for 16-bit amax values; kSmooth: a division), E4M3 codes by
+// packed::e4m3_code_*, s_enc / f from the table; codes by packed::e2m1_mag_term sums, signs from
+// the input bits, the fold through g_nv_fold rows.
+template <bool kF16, Nvfp4ScaleRule kRule, bool kSmooth>
+__device__ __forceinline__ uint4 nvfp4_operand_block(const uint4& r0, const uint4& r1,
+                                                     const float (&mu)[kNvfp4Block], float s_enc,
+                                                     const float2* table) {
+  float x[kNvfp4Block];
+  operand_fast::unpack8<kF16>(r0, x);
+  operand_fast::unpack8<kF16>(r1, x + 8);
+  float amax;
+  uint32_t sg[2];
+  if constexpr (kSmooth) {
+#pragma unroll
+    for (int i = 0; i < kNvfp4Block; ++i) x[i] = __fsub_rn(x[i], mu[i]);
+    amax = block_amax(x, kNvfp4Block);
+    sg[0] = operand_fast::sign_nibbles_f8(x);
+    sg[1] = operand_fast::sign_nibbles_f8(x + 8);
+  } else {
+    const uint4 r[2] = {r0, r1};
+    amax = bits_float(raw_amax_bits_of<kF16, kNvfp4Block>(r));
+    sg[0] = packed::sign_nibbles8(r0.x, r0.y, r0.z, r0.w);
+    sg[1] = packed::sign_nibbles8(r1.x, r1.y, r1.z, r1.w);
+  }
+  if (!(float_bits(amax) < kF32Inf)) {  // NaN or Inf: scale NaN, every byte NaN
+    return make_uint4(0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);
+  }
+  const float flt_max = bits_float(detail::kFltMaxBits);
+  const float a6 = kSmooth ? detail::div_rn(amax, kE2m1Max) : packed::div6_16bit(amax);
+  const float sf = fminf(detail::mul_rn(a6, s_enc), flt_max);  // never NaN
+  uint32_t w[2], sc;
+  if constexpr (kRule == Nvfp4ScaleRule::kFourOverSix) {
+    const float sf4 = fminf(detail::mul_rn(detail::mul_rn(amax, 0.25f), s_enc), flt_max);
+    float xs[kNvfp4Block];
+#pragma unroll
+    for (int i = 0; i < kNvfp4Block; ++i) xs[i] = detail::mul_rn(fabsf(x[i]), s_enc);
+    sc = packed::four_over_six(x, xs, packed::e4m3_code_nearest(sf),
+                               packed::e4m3_code_nearest(sf4), table, sg, w);
+  } else {
+    sc = packed::e4m3_code_for_rule<kRule>(sf);
+    const float inv = table[sc].x;  // code 0: 0, and the codes are all +0
+    const uint32_t sign_mask = sc != 0 ? 0x88888888u : 0u;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      uint32_t t[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) t[i] = packed::e2m1_mag_term(detail::mul_rn(x[8 * j + i], inv));
+      w[j] = packed::e2m1_pack8_magnitudes(t) | (sg[j] & sign_mask);
+    }
+  }
+  const uint2 row = __ldg(g_nv_fold + sc);
+  uint4 o;
+  operand_fast::fold8(w[0], row.x, row.y, o.x, o.y);
+  operand_fast::fold8(w[1], row.x, row.y, o.z, o.w);
+  return o;
+}
+
+// NVFP4 Q/K operands (nvfp4, nvfp4-hx, nvfp4-fast, nvfp4-all, fp4-direct): one 16-value block per
+// thread and grid-stride step. The slice's s_enc and its per-CTA scale table are set up once per
+// (b, h); a thread's block column is fixed (the stride is a multiple of d / 16), so its mean
+// values (kSmooth) stay in registers and its addresses are one 64-bit multiply-add.
+// s_enc beyond nvfp4_table_finite (static scales > FLT_MAX / 512 only) takes the reference
+// functions for every block.
+template <bool kF16, int kD, Nvfp4ScaleRule kRule, bool kSmooth>
+__global__ void __launch_bounds__(kThreads)
+    nvfp4_operand_kernel(XArgs a, const float* __restrict__ mean,
+                         const uint32_t* __restrict__ slice_max, float static_s_enc,
+                         void* __restrict__ data, float* __restrict__ scale) {
+  constexpr int kNb = kD / kNvfp4Block;
+  static_assert(kThreads % kNb == 0);
+  __shared__ float2 table[128];
+  const int64_t units = a.s * kNb;
+  const int64_t tiles = (a.s + kOperandTileTokens - 1) / kOperandTileTokens;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const int blk = static_cast<int>(threadIdx.x % kNb);
+  for (int64_t bh = blockIdx.y; bh < a.nbh; bh += gridDim.y) {
+    const float s_enc =
+        static_s_enc != 0.f ? static_s_enc : nvfp4_tensor_scale(bits_float(slice_max[bh]), kRule);
+    const float factor = detail::div_rn(8.f, s_enc);  // golden_operands.cc: 8 / s_enc
+    const bool fast = s_enc > 0.f && packed::nvfp4_table_finite(s_enc);
+    __syncthreads();  // the previous slice's table reads are done
+    packed::nvfp4_fill_scale_table(s_enc, table);
+    __syncthreads();
+    const uint16_t* src0 =
+        a.x + (bh / a.h) * a.stride_b + (bh % a.h) * a.stride_h + blk * kNvfp4Block;
+    uint8_t* dst0 = static_cast<uint8_t*>(data) + bh * a.s * kD;
+    float mu[kNvfp4Block];
+#pragma unroll
+    for (int i = 0; i < kNvfp4Block; ++i) {
+      mu[i] = kSmooth ? __ldg(mean + bh * kD + blk * kNvfp4Block + i) : 0.f;
+    }
+    for (int64_t u = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; u < units;
+         u += stride) {
+      const int64_t token = u / kNb;
+      const uint4* src = reinterpret_cast<const uint4*>(src0 + token * a.stride_s);
+      const uint4 r0 = __ldg(src), r1 = __ldg(src + 1);
+      uint8_t* dst = dst0 + u * kNvfp4Block;
+      if (fast) {
+        *reinterpret_cast<uint4*>(dst) =
+            nvfp4_operand_block<kF16, kRule, kSmooth>(r0, r1, mu, s_enc, table);
+      } else {
+        float v[kNvfp4Block];
+        operand_fast::unpack8<kF16>(r0, v);
+        operand_fast::unpack8<kF16>(r1, v + 8);
+#pragma unroll
+        for (int i = 0; i < kNvfp4Block; ++i) v[i] = kSmooth ? __fsub_rn(v[i], mu[i]) : v[i];
+        nvfp4_fold_generic<kRule>(v, s_enc, dst);
+      }
+      if (u % (kOperandTileTokens * kNb) == 0) {
         scale[bh * tiles + token / kOperandTileTokens] = factor;
       }
     }
@@ -815,7 +912,6 @@ Status run_passes(const Launch& l, Recipe recipe, float tensor_scale, void* data
                                                     scale);
     }
   };
-  constexpr Mode kNv = Mode::kNvfp4;
   switch (recipe) {
     case Recipe::kMxfp4:
       // One kernel: the split MX kernels would take more registers (occupancy) when smoothed.
@@ -823,16 +919,16 @@ Status run_passes(const Launch& l, Recipe recipe, float tensor_scale, void* data
              quantize_kernel<kF16, kD, Mode::kMx, Nvfp4ScaleRule::kNearest>);
       break;
     case Recipe::kNvfp4Hx:
-      launch(quantize_kernel<kF16, kD, kNv, Nvfp4ScaleRule::kRestricted, 1>,
-             quantize_kernel<kF16, kD, kNv, Nvfp4ScaleRule::kRestricted, 0>);
+      launch(nvfp4_operand_kernel<kF16, kD, Nvfp4ScaleRule::kRestricted, true>,
+             nvfp4_operand_kernel<kF16, kD, Nvfp4ScaleRule::kRestricted, false>);
       break;
     case Recipe::kFp4Direct:
-      launch(quantize_kernel<kF16, kD, kNv, Nvfp4ScaleRule::kNearest, 1>,
-             quantize_kernel<kF16, kD, kNv, Nvfp4ScaleRule::kNearest, 0>);
+      launch(nvfp4_operand_kernel<kF16, kD, Nvfp4ScaleRule::kNearest, true>,
+             nvfp4_operand_kernel<kF16, kD, Nvfp4ScaleRule::kNearest, false>);
       break;
     default:  // nvfp4, nvfp4-fast, nvfp4-all: Four-Over-Six
-      launch(quantize_kernel<kF16, kD, kNv, Nvfp4ScaleRule::kFourOverSix, 1>,
-             quantize_kernel<kF16, kD, kNv, Nvfp4ScaleRule::kFourOverSix, 0>);
+      launch(nvfp4_operand_kernel<kF16, kD, Nvfp4ScaleRule::kFourOverSix, true>,
+             nvfp4_operand_kernel<kF16, kD, Nvfp4ScaleRule::kFourOverSix, false>);
       break;
   }
   Status st = cuda_status(cudaGetLastError(), "quantize_kernel launch");

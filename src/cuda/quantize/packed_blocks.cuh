@@ -25,100 +25,6 @@ __device__ __noinline__ uint32_t nvfp4_block_reference(const float* x, float s_e
   return scale;
 }
 
-// Encodes x[0..16) with inv = s_enc / f into two packed words.
-__device__ __forceinline__ void nvfp4_encode16(const float (&x)[kNvfp4Block], float inv,
-                                               uint32_t (&w)[2]) {
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    uint32_t c[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) c[i] = e2m1_code_fast(detail::mul_rn(x[8 * j + i], inv));
-    w[j] = pack8(c);
-  }
-}
-
-// One Four-Over-Six candidate: codes and the FP32 sum of squared errors in s_enc units, in the
-// reference's order (nvfp4_block_sq_error: d = x * s_enc - e2m1 * scale, err = fmaf(d, d, err)).
-// e2m1 * scale is exact; |x| * s_enc - |e2m1| * scale has the magnitude of the reference's d
-// (the code's sign is x's), so d * d agrees. Returns false when s_enc / scale overflows (then
-// 0 * inv would be NaN: the caller takes the reference path).
-struct Candidate {
-  uint32_t w[2];
-  float err;
-};
-
-__device__ __forceinline__ bool four_over_six_candidate(const float (&x)[kNvfp4Block],
-                                                        uint8_t scale, float s_enc,
-                                                        Candidate* out) {
-  const float f = e4m3_to_float(scale);
-  float inv = 0.f;  // f == 0: codes 0 (masked below), e2m1 * scale = 0
-  uint32_t keep = 0;
-  if (f != 0.f) {
-    inv = detail::div_rn(s_enc, f);
-    if (!(inv <= 3.4028234e38f)) return false;
-    keep = 0xFFFFFFFFu;
-  }
-  float err = 0.f;
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    uint32_t c[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float xi = x[8 * j + i];
-      float r;
-      c[i] = e2m1_code_fast(detail::mul_rn(xi, inv), &r);
-      const float d = detail::sub_rn(detail::mul_rn(fabsf(xi), s_enc), detail::mul_rn(r, f));
-      err = fmaf(d, d, err);
-    }
-    out->w[j] = pack8(c) & keep;
-  }
-  out->err = err;
-  return true;
-}
-
-// NVFP4 block of 16 values with amax = block_amax(x) (computed by the caller from the 16-bit
-// inputs). s_enc finite > 0. Returns the E4M3 scale code, codes in w.
-template <Nvfp4ScaleRule kRule>
-__device__ __forceinline__ uint8_t nvfp4_block(const float (&x)[kNvfp4Block], float amax,
-                                               float s_enc, uint32_t (&w)[2]) {
-  if (!detail::is_finite(amax)) {
-    w[0] = w[1] = 0;
-    return 0x7F;
-  }
-  const float flt_max = bits_float(detail::kFltMaxBits);
-  float sf = detail::mul_rn(detail::div_rn(amax, kE2m1Max), s_enc);
-  if (!(sf == sf)) return static_cast<uint8_t>(nvfp4_block_reference<kRule>(x, s_enc, w));
-  sf = sf > flt_max ? flt_max : sf;
-  if constexpr (kRule == Nvfp4ScaleRule::kFourOverSix) {
-    float sf4 = detail::mul_rn(detail::div_rn(amax, 4.f), s_enc);
-    sf4 = sf4 > flt_max ? flt_max : sf4;
-    const uint8_t c6 = float_to_e4m3(sf);
-    const uint8_t c4 = float_to_e4m3(sf4);
-    Candidate k6, k4;
-    if (!four_over_six_candidate(x, c6, s_enc, &k6) ||
-        !four_over_six_candidate(x, c4, s_enc, &k4)) {
-      return static_cast<uint8_t>(nvfp4_block_reference<kRule>(x, s_enc, w));
-    }
-    const bool use4 = k4.err < k6.err;
-    w[0] = use4 ? k4.w[0] : k6.w[0];
-    w[1] = use4 ? k4.w[1] : k6.w[1];
-    return use4 ? c4 : c6;
-  } else {
-    const uint8_t scale = static_cast<uint8_t>(e4m3_code_for_rule<kRule>(sf));  // sf finite >= 0
-    const float f = e4m3_to_float(scale);
-    if (f == 0.f) {
-      w[0] = w[1] = 0;
-      return scale;
-    }
-    const float inv = detail::div_rn(s_enc, f);
-    if (!(inv <= 3.4028234e38f)) {  // Inf: 0 * inv would be NaN (code 0, not the sign)
-      return static_cast<uint8_t>(nvfp4_block_reference<kRule>(x, s_enc, w));
-    }
-    nvfp4_encode16(x, inv, w);
-    return scale;
-  }
-}
-
 // ---- Table-driven NVFP4 blocks on raw 16-bit vectors (the packed quantizer's hot path) --------
 
 // Per-CTA table of the 127 non-NaN E4M3 scale codes: (inv, f) = (div_rn(s_enc, f), f) with
@@ -191,26 +97,62 @@ __device__ __forceinline__ uint32_t nvfp4_block_vec(const uint4& a, const uint4&
   return code;
 }
 
-// One Four-Over-Six candidate on unpacked x (xs = |x| * s_enc): codes and the reference's error
-// sum (d = xs - r * f is one FMA: r * f is exact, E2M1 x E4M3).
-__device__ __forceinline__ float candidate_46(const float (&x)[kNvfp4Block],
-                                              const float (&xs)[kNvfp4Block], float2 e,
-                                              const uint32_t (&sg)[2], uint32_t sign_mask,
-                                              uint32_t (&w)[2]) {
-  float err = 0.f;
+// Four-Over-Six choice of one block (nvfp4_quantize_block, kFourOverSix), shared by the packed
+// and the operand quantizers. x: the 16 values; xs[i] = RN(|x[i]| * s_enc); c6, c4 the candidate
+// scale codes (neither 0x7F) with their table entries e = (s_enc / f, f); sg: bit 4i+3 = sign of
+// x[i] (other bits ignored). Returns the chosen code, packed codes in w.
+// Per candidate and value: the FMA sum m of e2m1_mag_term (from which the code follows) and the
+// reference's error sum in its order, d = x * s_enc - e2m1 * f as one FMA on xs (r * f is exact,
+// E2M1 x E4M3; |x| * s_enc - r * f has d's magnitude as the code's sign is x's), err = fmaf(d, d,
+// err). Only the winner's codes are extracted (one select per value).
+// kClamp4 false skips candidate 4's clamp at 6 (|x| * inv4 then is one FMUL with |.|): exact
+// whenever c4 < 0x7E, as then y4 = RN(|x| * RN(s_enc / f4)) < 7 rounds onto the grid like
+// min(y4, 6): f4 = E4M3(sf4) is within 2^-4 of sf4 (normal, so y4 <~ 4 (1 + 2^-4)), or a
+// subnormal k 2^-9 with sf4 < (k + 1/2) 2^-9 (y4 <~ 4 (k + 1/2) / k <= 6), and 4 sf4 / f4 bounds
+// y4 up to two FP32 roundings, which cannot carry it to 7.
+template <bool kClamp4>
+__device__ __forceinline__ uint32_t four_over_six_pick(const float (&x)[kNvfp4Block],
+                                                       const float (&xs)[kNvfp4Block], uint32_t c6,
+                                                       uint32_t c4, float2 e6, float2 e4,
+                                                       const uint32_t (&sg)[2],
+                                                       uint32_t (&w)[2]) {
+  float m6[kNvfp4Block], m4[kNvfp4Block];
+  float err6 = 0.f, err4 = 0.f;
+#pragma unroll
+  for (int i = 0; i < kNvfp4Block; ++i) {
+    const float a6 = fminf(fabsf(detail::mul_rn(x[i], e6.x)), kE2m1Max);
+    const float p6 = bits_float(float_bits(fmaxf(a6, 1.f)) & 0x7F800000u);
+    m6[i] = fmaf(p6, 4194304.f, a6);
+    const float d6 = fmaf(-fmaf(-p6, 4194304.f, m6[i]), e6.y, xs[i]);
+    err6 = fmaf(d6, d6, err6);
+    float a4 = detail::mul_rn(fabsf(x[i]), e4.x);
+    if constexpr (kClamp4) a4 = fminf(a4, kE2m1Max);
+    const float p4 = bits_float(float_bits(fmaxf(a4, 1.f)) & 0x7F800000u);
+    m4[i] = fmaf(p4, 4194304.f, a4);
+    const float d4 = fmaf(-fmaf(-p4, 4194304.f, m4[i]), e4.y, xs[i]);
+    err4 = fmaf(d4, d4, err4);
+  }
+  const bool use4 = err4 < err6;  // ties keep /6
+  const uint32_t c = use4 ? c4 : c6;
+  const uint32_t sign_mask = c != 0 ? 0x88888888u : 0u;  // scale 0: all codes +0
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     uint32_t t[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      float r;
-      t[i] = e2m1_mag_term(detail::mul_rn(x[8 * j + i], e.x), &r);
-      const float d = fmaf(-r, e.y, xs[8 * j + i]);
-      err = fmaf(d, d, err);
-    }
+    for (int i = 0; i < 8; ++i) t[i] = float_bits(use4 ? m4[8 * j + i] : m6[8 * j + i]) * 0x400001u;
     w[j] = e2m1_pack8_magnitudes(t) | (sg[j] & sign_mask);
   }
-  return err;
+  return c;
+}
+
+// four_over_six_pick for any pair of codes (neither 0x7F).
+__device__ __forceinline__ uint32_t four_over_six(const float (&x)[kNvfp4Block],
+                                                  const float (&xs)[kNvfp4Block], uint32_t c6,
+                                                  uint32_t c4, const float2* table,
+                                                  const uint32_t (&sg)[2], uint32_t (&w)[2]) {
+  const float2 e6 = table[c6], e4 = table[c4];
+  return c4 < 0x7Eu ? four_over_six_pick<false>(x, xs, c6, c4, e6, e4, sg, w)
+                    : four_over_six_pick<true>(x, xs, c6, c4, e6, e4, sg, w);
 }
 
 // nvfp4_quantize_block with kFourOverSix on the 16 values in a, b (preconditions as
@@ -227,21 +169,13 @@ __device__ __forceinline__ uint32_t nvfp4_block_vec_46(const uint4& a, const uin
   const float flt_max = bits_float(detail::kFltMaxBits);
   const float sf6 = fminf(detail::mul_rn(div6_16bit(amax), s_enc), flt_max);
   const float sf4 = fminf(detail::mul_rn(detail::mul_rn(amax, 0.25f), s_enc), flt_max);
-  const uint32_t c6 = e4m3_code_nearest(sf6), c4 = e4m3_code_nearest(sf4);
-  const float2 e6 = table[c6], e4 = table[c4];
   float x[kNvfp4Block], xs[kNvfp4Block];
   unpack8<T>(a, x);
   unpack8<T>(b, x + 8);
 #pragma unroll
   for (int i = 0; i < kNvfp4Block; ++i) xs[i] = detail::mul_rn(fabsf(x[i]), s_enc);
   const uint32_t sg[2] = {sign_nibbles8(a.x, a.y, a.z, a.w), sign_nibbles8(b.x, b.y, b.z, b.w)};
-  uint32_t w6[2], w4[2];
-  const float err6 = candidate_46(x, xs, e6, sg, c6 != 0 ? 0x88888888u : 0u, w6);
-  const float err4 = candidate_46(x, xs, e4, sg, c4 != 0 ? 0x88888888u : 0u, w4);
-  const bool use4 = err4 < err6;
-  w[0] = use4 ? w4[0] : w6[0];
-  w[1] = use4 ? w4[1] : w6[1];
-  return use4 ? c4 : c6;
+  return four_over_six(x, xs, e4m3_code_nearest(sf6), e4m3_code_nearest(sf4), table, sg, w);
 }
 
 // MXFP4 block of 32 values with amax = block_amax(x). Returns the E8M0 code, codes in w.
