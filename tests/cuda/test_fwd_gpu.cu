@@ -27,10 +27,12 @@
 namespace fp4attn {
 namespace {
 
-// GPU vs golden (same recipe): the GPU differs by the FP8 MMA's accumulation,
-// ex2.approx and the FP32 score transform (a few P codes one step apart), so it
-// is close but not bit-equal.
-constexpr double kMaxRelL2VsGolden = 0.015;
+// GPU vs golden (same recipe): the GPU differs by the FP8 MMA's accumulation (~14-bit adds: it
+// moves S by ~1e-4 in log2 units, so ~0.3% of P codes land one E4M3 step away), ex2.approx and
+// the FP32 score transform. Outputs of a few rows average few flips: their bound is looser.
+constexpr double kMaxRelL2VsGolden = 0.012;
+constexpr double kMaxRelL2VsGoldenSmall = 0.04;  // outputs of fewer than 65536 elements
+constexpr int64_t kSmallOutput = 65536;
 constexpr double kMaxLseAbsVsGolden = 2e-3;
 // fp8 recipe vs float64 on N(0,1) inputs (numerics.md §6: 0.9985 / 0.054 at s =
 // 1024).

@@ -127,9 +127,24 @@ __device__ __forceinline__ void softmax_block(float (&s)[64], RowState& st, floa
       if (!key_visible(key, rows[Frag::half(i)], s_k, causal, causal_offset)) s[i] = -INFINITY;
     }
   }
-  float mx[2] = {-INFINITY, -INFINITY};
+  // Four partial maxima and sums per row: short dependency chains (the order of an FP32 sum
+  // is free: the golden model's denominator is exact).
+  float mp[2][4];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) mx[Frag::half(i)] = fmaxf(mx[Frag::half(i)], s[i]);
+  for (int h2 = 0; h2 < 2; ++h2) {
+#pragma unroll
+    for (int a = 0; a < 4; ++a) mp[h2][a] = -INFINITY;
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    float& m = mp[Frag::half(i)][(i >> 2) & 3];
+    m = fmaxf(m, s[i]);
+  }
+  float mx[2];
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    mx[h2] = fmaxf(fmaxf(mp[h2][0], mp[h2][1]), fmaxf(mp[h2][2], mp[h2][3]));
+  }
   float bias[2];
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) {
@@ -144,24 +159,27 @@ __device__ __forceinline__ void softmax_block(float (&s)[64], RowState& st, floa
     st.m[h2] = m_new;
     bias[h2] = kPLift - m_use;
   }
-  float rs[2] = {0.f, 0.f};
+  float sp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
   if (edge) {  // masked keys give exactly 0, even where c is 0 or NaN (-inf * c is NaN then)
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
       const int key = n0 + Frag::col(i, t);
       const float e = fast_exp2(fmaf(s[i], c, bias[Frag::half(i)]));
       s[i] = key_visible(key, rows[Frag::half(i)], s_k, causal, causal_offset) ? e : 0.f;
-      rs[Frag::half(i)] += s[i];
+      sp[Frag::half(i)][(i >> 2) & 3] += s[i];
     }
   } else {
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
       s[i] = fast_exp2(fmaf(s[i], c, bias[Frag::half(i)]));
-      rs[Frag::half(i)] += s[i];
+      sp[Frag::half(i)][(i >> 2) & 3] += s[i];
     }
   }
-  st.l[0] = fmaf(st.l[0], alpha[0], rs[0]);
-  st.l[1] = fmaf(st.l[1], alpha[1], rs[1]);
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    const float rs = (sp[h2][0] + sp[h2][1]) + (sp[h2][2] + sp[h2][3]);
+    st.l[h2] = fmaf(st.l[h2], alpha[h2], rs);
+  }
 }
 
 // P (FP32) -> E4M3 A-operand registers: register kk*4 + {0,1,2,3} = rows {r0, r0+8, r0, r0+8}
@@ -231,7 +249,11 @@ __device__ void consume(const FwdParams& p, FwdSmem<D>& sm, int cw, int batch, i
     pack_p(s, pa);
     int pending = 0;  // blocks accumulated in ob since the last promotion
 
+    // The next block's K scale is loaded one block ahead: its latency stays off the softmax.
+    float k_scale_next = k_scale[n_blocks > 1 ? 1 : 0];
     for (int j = 1; j < n_blocks; ++j) {
+      const float k_scale_j = k_scale_next;
+      k_scale_next = k_scale[j + 1 < n_blocks ? j + 1 : j];
       const int stage = j % kStages;
       const int prev = (j - 1) % kStages;
       mbar_wait(&sm.full[stage], (j / kStages) & 1);
@@ -243,7 +265,7 @@ __device__ void consume(const FwdParams& p, FwdSmem<D>& sm, int cw, int batch, i
       wgmma_wait<1>();
       fence_regs(s);
       const int n0 = j * kBlockN;
-      softmax_block(s, st, q_scale * k_scale[j] * p.scale_log2, edge_block(n0), n0, t, rows, p.s_k,
+      softmax_block(s, st, q_scale * k_scale_j * p.scale_log2, edge_block(n0), n0, t, rows, p.s_k,
                     p.causal, causal_offset, alpha);
       wgmma_wait<0>();
       fence_regs(ob);
