@@ -1,13 +1,12 @@
-// The Hopper forward kernel, fp8 recipe (docs/kernels/fwd_sm90.md has the
-// design and budgets).
+// The Hopper forward kernel, fp8 recipe (docs/kernels/fwd_sm90.md has the design and budgets).
 //
-// One CTA computes 128 query rows of one (batch, head): warpgroup 0 loads Q
-// once and streams K / V^T tiles through a kStages-deep TMA pipeline;
-// warpgroups 1 and 2 each own 64 rows and run S = Q K^T (wgmma, both operands
-// in shared memory), the exp2 softmax against an integer log2 running max
-// (every rescale an exact power of two, numerics.md §4), P as E4M3 in
-// registers, and O_block = P V (wgmma, A from registers), promoted into an FP32
-// O every block.
+// One CTA computes 128 query rows of one (batch, head): warpgroup 0 loads Q once and streams
+// N-key K / V^T tiles through a kStages-deep TMA pipeline; warpgroups 1 and 2 each own 64 rows
+// and run S = Q K^T (wgmma, both operands in shared memory), the exp2 softmax against an integer
+// log2 running max (every rescale an exact power of two, numerics.md §4), P as E4M3 in
+// registers, and O += P V (wgmma, A from registers). Each warpgroup issues the S GEMM of block j
+// together with the PV GEMM of block j - 1, so that its softmax overlaps its own PV GEMM, and the
+// two warpgroups take turns issuing, so that one's softmax overlaps the other's GEMMs.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,12 +22,19 @@ namespace fp4attn::sm90 {
 
 // The FP8 P lift of numerics.md §4: P = 2^(z - m + 8) lands in (128, 256].
 constexpr float kPLift = 8.f;
+// Keys per pipeline stage: 128 at d = 128 (a 64 x 256 S does not fit the registers beside O
+// and P), 256 at d = 64.
+template <int D>
+constexpr int block_n() {
+  return D == 128 ? 128 : 256;
+}
 
 template <int D>
 struct alignas(1024) FwdSmem {
+  static constexpr int N = block_n<D>();
   uint8_t q[kBlockM * D];
-  uint8_t k[kStages][kBlockN * D];
-  uint8_t v[kStages][D * kBlockN];
+  uint8_t k[kStages][N * D];
+  uint8_t v[kStages][N / kScaleTile][D * kScaleTile];  // V^T in 128-key boxes
   uint64_t q_full;
   uint64_t full[kStages];
   uint64_t empty[kStages];
@@ -39,13 +45,14 @@ constexpr int fwd_smem_bytes() {
   return sizeof(FwdSmem<D>) + 1024;  // + slack to align the dynamic base to 1024
 }
 
-// Keys the CTA's rows may see: [0, n_blocks * 128).
+// Keys the CTA's rows may see: [0, n_blocks * N).
+template <int N>
 __device__ __forceinline__ int key_blocks(const FwdParams& p, int m0) {
-  int n_blocks = p.n_tiles;
+  int n_blocks = (p.s_k + N - 1) / N;
   if (p.causal) {
     const int last_row = min(p.s_q, m0 + kBlockM) - 1;
     const int last_key = last_row + p.s_k - p.s_q;  // bottom-right aligned
-    n_blocks = last_key < 0 ? 0 : min(n_blocks, last_key / kBlockN + 1);
+    n_blocks = last_key < 0 ? 0 : min(n_blocks, last_key / N + 1);
   }
   return n_blocks;
 }
@@ -53,6 +60,7 @@ __device__ __forceinline__ int key_blocks(const FwdParams& p, int m0) {
 template <int D>
 __device__ void produce(const FwdParams& p, FwdSmem<D>& sm, int bh, int bh_kv, int m0,
                         int n_blocks) {
+  constexpr int N = block_n<D>();
   prefetch_tensor_map(&p.tm_q);
   prefetch_tensor_map(&p.tm_k);
   prefetch_tensor_map(&p.tm_v);
@@ -62,41 +70,52 @@ __device__ void produce(const FwdParams& p, FwdSmem<D>& sm, int bh, int bh_kv, i
     const int stage = j % kStages;
     const int round = j / kStages;
     if (round > 0) mbar_wait(&sm.empty[stage], (round - 1) & 1);
-    mbar_arrive_expect_tx(&sm.full[stage], 2 * kBlockN * D);
-    tma_load_3d(sm.k[stage], &p.tm_k, &sm.full[stage], 0, j * kBlockN, bh_kv);
-    tma_load_3d(sm.v[stage], &p.tm_v, &sm.full[stage], j * kBlockN, 0, bh_kv);
+    mbar_arrive_expect_tx(&sm.full[stage], 2 * N * D);
+    tma_load_3d(sm.k[stage], &p.tm_k, &sm.full[stage], 0, j * N, bh_kv);
+#pragma unroll
+    for (int b = 0; b < N / kScaleTile; ++b) {
+      tma_load_3d(sm.v[stage][b], &p.tm_v, &sm.full[stage], j * N + b * kScaleTile, 0, bh_kv);
+    }
   }
 }
 
-// Per-thread view of the 64 x N FP32 accumulator of one warpgroup (wgmma layout): register
-// i holds row r0 + 8 * ((i >> 1) & 1) and column 8 * (i >> 2) + 2 * t + (i & 1).
+// Per-thread view of a 64 x N FP32 wgmma accumulator: register i holds row
+// r0 + 8 * ((i >> 1) & 1) and column 8 * (i >> 2) + 2 * t + (i & 1) (t = lane % 4).
 struct Frag {
   __device__ __forceinline__ static int col(int i, int t) { return 8 * (i >> 2) + 2 * t + (i & 1); }
   __device__ __forceinline__ static int half(int i) { return (i >> 1) & 1; }
+  // Which 128-key scale tile of the block register i belongs to.
+  __device__ __forceinline__ static int tile(int i) { return i / (kScaleTile / 2); }
 };
 
-// Named barriers 1 and 2: the two consumer warpgroups take turns issuing their GEMMs, so that
-// one's softmax runs while the other's GEMMs use the tensor cores (barrier 0 is __syncthreads).
+// Named barriers 1 and 2: the two consumer warpgroups take turns issuing their GEMMs (barrier 0
+// is __syncthreads).
 constexpr int kTurnBarrier = 1;
 
-template <int D>
-__device__ __forceinline__ void issue_qk(float (&s)[64], uint64_t desc_q, uint64_t desc_k) {
+template <int D, int SN>
+__device__ __forceinline__ void issue_qk(float (&s)[SN], uint64_t desc_q, uint64_t desc_k) {
 #pragma unroll
   for (int kk = 0; kk < D / 32; ++kk) {
-    wgmma_m64n128k32_ss(s, desc_q + 2 * kk, desc_k + 2 * kk, kk > 0);
+    if constexpr (SN == 128) {
+      wgmma_m64n256k32_ss(s, desc_q + 2 * kk, desc_k + 2 * kk, kk > 0);
+    } else {
+      wgmma_m64n128k32_ss(s, desc_q + 2 * kk, desc_k + 2 * kk, kk > 0);
+    }
   }
   wgmma_commit();
 }
 
-template <int D>
-__device__ __forceinline__ void issue_pv(float (&ob)[D / 2], const uint32_t (&pa)[4][4],
-                                         uint64_t desc_v, bool accumulate) {
+// O += P V over the block's keys; V^T arrives as 128-key boxes with their own descriptors.
+template <int D, int PS>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pa)[PS][4],
+                                         const uint64_t (&desc_v)[PS / 4]) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < PS; ++kk) {
+    const uint64_t desc = desc_v[kk / 4] + 2 * (kk % 4);
     if constexpr (D == 128) {
-      wgmma_m64n128k32_rs(ob, pa[kk], desc_v + 2 * kk, accumulate || kk > 0);
+      wgmma_m64n128k32_rs(o, pa[kk], desc, 1);
     } else {
-      wgmma_m64n64k32_rs(ob, pa[kk], desc_v + 2 * kk, accumulate || kk > 0);
+      wgmma_m64n64k32_rs(o, pa[kk], desc, 1);
     }
   }
   wgmma_commit();
@@ -108,70 +127,69 @@ struct RowState {
   float l[2] = {0.f, 0.f};              // this thread's share of the unrounded P sums
 };
 
-__device__ __forceinline__ bool key_visible(int key, int row, int s_k, bool causal,
-                                            int causal_offset) {
-  return key < s_k && (!causal || key <= row + causal_offset);
-}
+struct Mask {
+  int s_k, causal_offset;
+  bool causal;
+  __device__ __forceinline__ bool visible(int key, int row) const {
+    return key < s_k && (!causal || key <= row + causal_offset);
+  }
+};
 
-// S (raw Q K^T sums) -> P = 2^(S * c + 8 - m) in place, with m the integer log2 running max
-// (NaN-ignoring, as the golden model) and the unrounded row sums; returns the factors
-// 2^(m_old - m_new) by which earlier partial outputs must be scaled. Keys outside the causal
-// band or past s_k (`edge` blocks only) get P = 0.
-__device__ __forceinline__ void softmax_block(float (&s)[64], RowState& st, float c, bool edge,
-                                              int n0, int t, const int (&rows)[2], int s_k,
-                                              bool causal, int causal_offset, float (&alpha)[2]) {
+// S (raw Q K^T sums) -> P = 2^(S * c + 8 - m) in place, with c the score factor of each
+// 128-key tile, m the integer log2 running max (NaN-ignoring, as the golden model), and the
+// unrounded row sums; returns the factors 2^(m_old - m_new) by which O must be scaled. Keys
+// outside the causal band or past s_k (`edge` blocks only) get P = 0.
+template <int SN>
+__device__ __forceinline__ void softmax_block(float (&s)[SN], RowState& st, const float (&c)[2],
+                                              bool edge, int n0, int t, const int (&rows)[2],
+                                              const Mask& mask, float (&alpha)[2]) {
   if (edge) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      const int key = n0 + Frag::col(i, t);
-      if (!key_visible(key, rows[Frag::half(i)], s_k, causal, causal_offset)) s[i] = -INFINITY;
+    for (int i = 0; i < SN; ++i) {
+      if (!mask.visible(n0 + Frag::col(i, t), rows[Frag::half(i)])) s[i] = -INFINITY;
     }
   }
-  // Four partial maxima and sums per row: short dependency chains (the order of an FP32 sum
-  // is free: the golden model's denominator is exact).
-  float mp[2][4];
+  // Partial maxima per row and scale tile (two each: short dependency chains); max(S) * c =
+  // max(S * c) for c >= 0, and a NaN product (c = 0 on masked keys, a NaN tile) is ignored.
+  float mp[2][2][2];
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) {
 #pragma unroll
-    for (int a = 0; a < 4; ++a) mp[h2][a] = -INFINITY;
+    for (int g = 0; g < 4; ++g) mp[h2][g / 2][g % 2] = -INFINITY;
   }
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    float& m = mp[Frag::half(i)][(i >> 2) & 3];
+  for (int i = 0; i < SN; ++i) {
+    float& m = mp[Frag::half(i)][Frag::tile(i)][(i >> 2) & 1];
     m = fmaxf(m, s[i]);
-  }
-  float mx[2];
-#pragma unroll
-  for (int h2 = 0; h2 < 2; ++h2) {
-    mx[h2] = fmaxf(fmaxf(mp[h2][0], mp[h2][1]), fmaxf(mp[h2][2], mp[h2][3]));
   }
   float bias[2];
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) {
-    mx[h2] = fmaxf(mx[h2], __shfl_xor_sync(0xffffffff, mx[h2], 1));
-    mx[h2] = fmaxf(mx[h2], __shfl_xor_sync(0xffffffff, mx[h2], 2));
-    // max(S) * c = max(S * c) for c >= 0; a NaN product (c = 0 on an all-masked row) is
-    // ignored by fmaxf.
-    const float m_new = fmaxf(st.m[h2], ceilf(mx[h2] * c));
+    float mx =
+        fmaxf(fmaxf(mp[h2][0][0], mp[h2][0][1]) * c[0], fmaxf(mp[h2][1][0], mp[h2][1][1]) * c[1]);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    const float m_new = fmaxf(st.m[h2], ceilf(mx));
     // A row with no valid key so far keeps m = -inf; use 0 so exp2 sees -inf, not NaN.
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
     alpha[h2] = fast_exp2(st.m[h2] - m_use);  // exact power of two (0 from -inf)
     st.m[h2] = m_new;
     bias[h2] = kPLift - m_use;
   }
+  // Four partial sums per row (the order of an FP32 sum is free: the golden denominator is
+  // exact).
   float sp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
   if (edge) {  // masked keys give exactly 0, even where c is 0 or NaN (-inf * c is NaN then)
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      const int key = n0 + Frag::col(i, t);
-      const float e = fast_exp2(fmaf(s[i], c, bias[Frag::half(i)]));
-      s[i] = key_visible(key, rows[Frag::half(i)], s_k, causal, causal_offset) ? e : 0.f;
+    for (int i = 0; i < SN; ++i) {
+      const float e = fast_exp2(fmaf(s[i], c[Frag::tile(i)], bias[Frag::half(i)]));
+      s[i] = mask.visible(n0 + Frag::col(i, t), rows[Frag::half(i)]) ? e : 0.f;
       sp[Frag::half(i)][(i >> 2) & 3] += s[i];
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      s[i] = fast_exp2(fmaf(s[i], c, bias[Frag::half(i)]));
+    for (int i = 0; i < SN; ++i) {
+      s[i] = fast_exp2(fmaf(s[i], c[Frag::tile(i)], bias[Frag::half(i)]));
       sp[Frag::half(i)][(i >> 2) & 3] += s[i];
     }
   }
@@ -184,10 +202,11 @@ __device__ __forceinline__ void softmax_block(float (&s)[64], RowState& st, floa
 
 // P (FP32) -> E4M3 A-operand registers: register kk*4 + {0,1,2,3} = rows {r0, r0+8, r0, r0+8}
 // x key positions {4t..4t+3, 16+4t..16+4t+3} of the 32-key step kk; the V^T operand stores
-// keys in the matching order (operands.h).
-__device__ __forceinline__ void pack_p(const float (&s)[64], uint32_t (&pa)[4][4]) {
+// keys in the matching order (operand_v_key_at in operands.h).
+template <int SN>
+__device__ __forceinline__ void pack_p(const float (&s)[SN], uint32_t (&pa)[SN / 16][4]) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < SN / 16; ++kk) {
     const float* g = s + 16 * kk;
     pa[kk][0] = pack_e4m3x4(g[0], g[1], g[4], g[5]);
     pa[kk][1] = pack_e4m3x4(g[2], g[3], g[6], g[7]);
@@ -208,17 +227,30 @@ __device__ void consume(const FwdParams& p, FwdSmem<D>& sm, int cw, int batch, i
   const int bh = batch * p.h + head;
   const int bh_kv = batch * p.h_kv + kv_head;
 
-  constexpr int kON = D / 2;  // O registers per thread (64 x D accumulator)
-  float o[kON];               // FP32 output, promoted from ob every p.promote_every blocks
+  constexpr int N = block_n<D>();
+  constexpr int kSN = N / 2;       // S registers per thread (64 x N accumulator)
+  constexpr int kPSteps = N / 32;  // k32 steps of the PV GEMM
+  constexpr int kON = D / 2;       // O registers per thread (64 x D accumulator)
+  float o[kON];
 #pragma unroll
   for (int i = 0; i < kON; ++i) o[i] = 0.f;
   RowState st;
 
   if (n_blocks > 0) {
-    const float q_scale = p.q_scale[int64_t(bh) * p.m_tiles + m_tile];
+    const float q_scale = p.q_scale[int64_t(bh) * p.m_tiles + m_tile] * p.scale_log2;
     const float* k_scale = p.k_scale + int64_t(bh_kv) * p.n_tiles;
-    const int causal_offset = p.s_k - p.s_q;
+    const Mask mask{p.s_k, p.s_k - p.s_q, p.causal != 0};
     const uint64_t desc_q = make_kmajor_desc(sm.q + cw * 64 * D, D);
+    // Score factors of block j's 128-key tiles (the last may lie past s_k: masked).
+    auto score_factors = [&](int j, float(&c)[2]) {
+      constexpr int kTiles = N / kScaleTile;
+      c[0] = q_scale * k_scale[kTiles * j];
+      c[1] = q_scale * k_scale[min(kTiles * j + kTiles - 1, p.n_tiles - 1)];
+    };
+    auto v_descs = [&](int stage, uint64_t(&d)[kPSteps / 4]) {
+#pragma unroll
+      for (int b = 0; b < kPSteps / 4; ++b) d[b] = make_kmajor_desc(sm.v[stage][b], kScaleTile);
+    };
     // Turns: phase 0 issues QK_0, phase j (1..n-1) QK_j and PV_{j-1}, phase n PV_{n-1}. The
     // second warpgroup opens the first turn and skips its last hand-over, so that every
     // barrier phase completes.
@@ -229,77 +261,64 @@ __device__ void consume(const FwdParams& p, FwdSmem<D>& sm, int cw, int batch, i
       if (!(second && last)) named_barrier_arrive(kTurnBarrier + 1 - cw, 256);
     };
     auto edge_block = [&](int n0) {
-      return n0 + kBlockN > p.s_k || (p.causal && n0 + kBlockN - 1 > m0 + causal_offset);
+      return n0 + N > p.s_k || (mask.causal && n0 + N - 1 > m0 + mask.causal_offset);
     };
 
-    float s[64];
-    float ob[kON];  // P V partial sums since the last promotion (FP8 MMA accumulation)
-    uint32_t pa[4][4];
-    float alpha[2];
+    float s[kSN];
+    uint32_t pa[kPSteps][4];
+    float alpha[2], c[2];
+    uint64_t dv[kPSteps / 4];
     mbar_wait(&sm.q_full, 0);
     mbar_wait(&sm.full[0], 0);
     turn_begin();
     wgmma_fence();
-    issue_qk<D>(s, desc_q, make_kmajor_desc(sm.k[0], D));
+    issue_qk<D, kSN>(s, desc_q, make_kmajor_desc(sm.k[0], D));
     turn_end(false);
+    score_factors(0, c);
     wgmma_wait<0>();
     fence_regs(s);
-    softmax_block(s, st, q_scale * k_scale[0] * p.scale_log2, edge_block(0), 0, t, rows, p.s_k,
-                  p.causal, causal_offset, alpha);
+    softmax_block(s, st, c, edge_block(0), 0, t, rows, mask, alpha);
     pack_p(s, pa);
-    int pending = 0;  // blocks accumulated in ob since the last promotion
 
-    // The next block's K scale is loaded one block ahead: its latency stays off the softmax.
-    float k_scale_next = k_scale[n_blocks > 1 ? 1 : 0];
     for (int j = 1; j < n_blocks; ++j) {
-      const float k_scale_j = k_scale_next;
-      k_scale_next = k_scale[j + 1 < n_blocks ? j + 1 : j];
       const int stage = j % kStages;
       const int prev = (j - 1) % kStages;
+      score_factors(j, c);  // loads issued before the waits: their latency hides there
       mbar_wait(&sm.full[stage], (j / kStages) & 1);
+      v_descs(prev, dv);
       turn_begin();
       wgmma_fence();
-      issue_qk<D>(s, desc_q, make_kmajor_desc(sm.k[stage], D));
-      issue_pv<D>(ob, pa, make_kmajor_desc(sm.v[prev], kBlockN), pending > 0);
+      issue_qk<D, kSN>(s, desc_q, make_kmajor_desc(sm.k[stage], D));
+      issue_pv<D, kPSteps>(o, pa, dv);
       turn_end(false);
+      // S_j is ready while PV_{j-1} may still run: the softmax overlaps it.
       wgmma_wait<1>();
       fence_regs(s);
-      const int n0 = j * kBlockN;
-      softmax_block(s, st, q_scale * k_scale_j * p.scale_log2, edge_block(n0), n0, t, rows, p.s_k,
-                    p.causal, causal_offset, alpha);
+      const int n0 = j * N;
+      softmax_block(s, st, c, edge_block(n0), n0, t, rows, mask, alpha);
       wgmma_wait<0>();
-      fence_regs(ob);
+      fence_regs(o);
       for (auto& r : pa) fence_regs(r);
       __syncwarp();
       if (lane == 0) mbar_arrive(&sm.empty[prev]);
-      ++pending;
       // Lazy rescale: with an integer running max the factors are mostly exactly 1.
       if (alpha[0] != 1.f || alpha[1] != 1.f) {
 #pragma unroll
-        for (int i = 0; i < kON; ++i) {
-          o[i] *= alpha[Frag::half(i)];
-          ob[i] *= alpha[Frag::half(i)];
-        }
-      }
-      if (pending == p.promote_every) {
-#pragma unroll
-        for (int i = 0; i < kON; ++i) o[i] += ob[i];
-        pending = 0;
+        for (int i = 0; i < kON; ++i) o[i] *= alpha[Frag::half(i)];
       }
       pack_p(s, pa);
     }
 
     const int last = (n_blocks - 1) % kStages;
+    v_descs(last, dv);
     turn_begin();
     wgmma_fence();
-    issue_pv<D>(ob, pa, make_kmajor_desc(sm.v[last], kBlockN), pending > 0);
+    issue_pv<D, kPSteps>(o, pa, dv);
     turn_end(true);
     wgmma_wait<0>();
-    fence_regs(ob);
+    fence_regs(o);
     __syncwarp();
     if (lane == 0) mbar_arrive(&sm.empty[last]);
-#pragma unroll
-    for (int i = 0; i < kON; ++i) o[i] += ob[i];
   }
 
   // Epilogue: O / l * scale_v[channel]; rows without a valid key give O = 0, LSE = +inf.
@@ -345,12 +364,11 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_fp8_kernel(const __grid_const
   auto& sm = *reinterpret_cast<FwdSmem<D>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                             ~uintptr_t(1023));
   const int wg = threadIdx.x / 128;
-  // Causal: the longest query tiles first, so the tail of the grid is short
-  // work.
+  // Causal: the longest query tiles first, so the tail of the grid is short work.
   const int m_tile = p.causal ? p.m_tiles - 1 - int(blockIdx.x) : int(blockIdx.x);
   const int head = blockIdx.y, batch = blockIdx.z;
   const int kv_head = head / (p.h / p.h_kv);
-  const int n_blocks = key_blocks(p, m_tile * kBlockM);
+  const int n_blocks = key_blocks<block_n<D>()>(p, m_tile * kBlockM);
 
   if (threadIdx.x == 0) {
     mbar_init(&sm.q_full, 1);
@@ -363,7 +381,7 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_fp8_kernel(const __grid_const
   __syncthreads();
 
   if (wg == 0) {
-    setmaxnreg_dec<24>();
+    setmaxnreg_dec<32>();  // 128 x 32 + 256 x 240 = 65536
     if (threadIdx.x == 0 && n_blocks > 0) {
       produce<D>(p, sm, batch * p.h + head, batch * p.h_kv + kv_head, m_tile * kBlockM, n_blocks);
     }

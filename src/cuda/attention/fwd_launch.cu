@@ -67,16 +67,6 @@ Status make_map(CUtensorMap* map, const void* base, int64_t inner, int64_t mid, 
   return Status::Ok();
 }
 
-// kPromoteEvery, or FP4ATTN_PV_PROMOTE (>= 1) for accuracy experiments.
-int promote_every() {
-  static const int n = [] {
-    const char* env = std::getenv("FP4ATTN_PV_PROMOTE");
-    const int v = env ? std::atoi(env) : 0;
-    return v >= 1 ? v : sm90::kPromoteEvery;
-  }();
-  return n;
-}
-
 template <int D>
 Status launch(const FwdParams& p, cudaStream_t stream) {
   auto kernel = sm90::fwd_fp8_kernel<D>;
@@ -127,10 +117,10 @@ Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardO
   const int64_t v_pitch = no_keys ? 16 : operand_v_pitch(sh.s_k);
   FP4ATTN_RETURN_IF_ERROR(
       make_map(&p.tm_q, in.q_data.data, d, sh.s_q, sh.b * sh.h, d, sm90::kBlockM, "q_data"));
-  FP4ATTN_RETURN_IF_ERROR(
-      make_map(&p.tm_k, k_base, d, s_k1, no_keys ? 1 : sh.b * sh.h_kv, d, sm90::kBlockN, "k_data"));
+  FP4ATTN_RETURN_IF_ERROR(make_map(&p.tm_k, k_base, d, s_k1, no_keys ? 1 : sh.b * sh.h_kv, d,
+                                   d == 128 ? 128 : 256, "k_data"));
   FP4ATTN_RETURN_IF_ERROR(make_map(&p.tm_v, v_base, v_pitch, no_keys ? 1 : d,
-                                   no_keys ? 1 : sh.b * sh.h_kv, sm90::kBlockN, d, "v_data"));
+                                   no_keys ? 1 : sh.b * sh.h_kv, sm90::kScaleTile, d, "v_data"));
   p.q_scale = in.q_scale.as<float>();
   p.k_scale = in.k_scale.as<float>();
   p.v_scale = in.v_scale.as<float>();
@@ -148,7 +138,6 @@ Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardO
   p.n_tiles = int(operand_scale_tiles(sh.s_k));
   const double scale = opt.softmax_scale > 0 ? opt.softmax_scale : 1.0 / std::sqrt(double(d));
   p.scale_log2 = float(scale * 1.4426950408889634);
-  p.promote_every = promote_every();
   p.causal = opt.causal ? 1 : 0;
   p.out_fp16 = o.dtype == DType::kF16 ? 1 : 0;
   return d == 128 ? launch<128>(p, stream) : launch<64>(p, stream);

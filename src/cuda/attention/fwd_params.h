@@ -8,13 +8,10 @@
 
 namespace fp4attn::sm90 {
 
-constexpr int kBlockM = 128;   // query rows per CTA: two consumer warpgroups of 64
-constexpr int kBlockN = 128;   // keys per pipeline stage (= the Q/K scale tile of operands.h)
-constexpr int kStages = 4;     // K/V shared-memory stages
-constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
-// PV blocks the FP8 MMA accumulates (~14-bit adds) before they are added to the FP32 O; the
-// environment variable FP4ATTN_PV_PROMOTE overrides it for experiments (docs/kernels/fwd_sm90.md).
-constexpr int kPromoteEvery = 4;
+constexpr int kBlockM = 128;     // query rows per CTA: two consumer warpgroups of 64
+constexpr int kScaleTile = 128;  // tokens per Q/K scale (operands.h kOperandTileTokens)
+constexpr int kStages = 4;       // K/V shared-memory stages (32 KB each)
+constexpr int kThreads = 384;    // producer warpgroup + two consumer warpgroups
 
 struct FwdParams {
   // TMA maps (3-D: innermost first). Q/K: (d, s, b*h) bytes, V^T: (s_pad, d,
@@ -31,7 +28,6 @@ struct FwdParams {
   int b, h, h_kv, s_q, s_k;
   int m_tiles, n_tiles;  // ceil(s_q / 128), ceil(s_k / 128)
   float scale_log2;      // softmax_scale * log2(e)
-  int promote_every;     // PV blocks accumulated by the FP8 MMA before an FP32 add
   int causal;
   int out_fp16;
 };
