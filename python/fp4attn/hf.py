@@ -1,0 +1,57 @@
+"""Hugging Face transformers integration: `fp4attn.hf.register()` adds "fp4attn" as an
+`attn_implementation` (transformers' AttentionInterface), so a model switches to fp4attn with
+
+    fp4attn.hf.register(recipe="nvfp4")
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="fp4attn")
+
+Padding masks, sliding windows, softcapping and dropout are refused with UnsupportedError rather
+than ignored: the result would silently differ from the model's definition otherwise.
+"""
+
+from __future__ import annotations
+
+from . import _checks
+from ._native import UnsupportedError
+from .api import attn_func
+
+
+def _attention(recipe: str):
+    def forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        # query [b, h, s_q, d], key/value [b, h_kv, s_k, d]: transformers' layout is bhsd.
+        if attention_mask is not None:
+            raise UnsupportedError(
+                "attention_mask: fp4attn supports causal or full attention over unpadded batches "
+                "only (this batch has padding or a custom mask)"
+            )
+        for name in ("sliding_window", "softcap"):
+            if kwargs.get(name) is not None:
+                raise UnsupportedError(f"{name}: not supported by fp4attn")
+        if dropout:
+            raise UnsupportedError(
+                "dropout: fp4attn is forward-only (inference); got "
+                f"{dropout} (is the model in training mode?)"
+            )
+        causal = kwargs.get("is_causal")
+        causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
+        o = attn_func(
+            query, key, value, softmax_scale=scaling, causal=causal, recipe=recipe, layout="bhsd"
+        )
+        return o.transpose(1, 2), None  # [b, s_q, h, d], contiguous (see attn_func)
+
+    return forward
+
+
+def register(name: str = "fp4attn", recipe: str = "nvfp4") -> str:
+    """Registers attention (and its mask function) under `name` for `recipe`; returns `name`."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    _checks.check_recipe(recipe)
+    AttentionInterface.register(name, _attention(recipe))
+    # FlashAttention's mask function gives None for unpadded batches and the 2-D padding mask
+    # otherwise, which forward() then refuses.
+    AttentionMaskInterface.register(name, flash_attention_mask)
+    return name
+
+
+__all__ = ["register"]
