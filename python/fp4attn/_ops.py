@@ -6,8 +6,6 @@ golden model, on CUDA through the kernels, on the current stream (no synchroniza
 can be captured in a CUDA graph).
 """
 
-from __future__ import annotations
-
 import torch
 from torch import Tensor
 

@@ -7,27 +7,29 @@ namespace {
 
 namespace dl = nb::dlpack;
 
+// DLPack's kDLFloat8_e4m3fn, spelled out: older nanobind releases have no enumerator for it.
+constexpr uint8_t kDLFloat8E4M3FN = 10;
+
 bool dtype_of(dl::dtype t, DType* out) {
   using Code = dl::dtype_code;
+  struct Entry {
+    uint8_t code, bits;
+    DType dtype;
+  };
+  static constexpr Entry kTable[] = {
+      {uint8_t(Code::Float), 64, DType::kF64}, {uint8_t(Code::Float), 32, DType::kF32},
+      {uint8_t(Code::Float), 16, DType::kF16}, {uint8_t(Code::Bfloat), 16, DType::kBF16},
+      {uint8_t(Code::UInt), 8, DType::kU8},    {uint8_t(Code::Int), 32, DType::kI32},
+      {kDLFloat8E4M3FN, 8, DType::kE4M3},
+  };
   if (t.lanes != 1) return false;
-  const auto code = static_cast<Code>(t.code);
-  if (code == Code::Float && t.bits == 64)
-    *out = DType::kF64;
-  else if (code == Code::Float && t.bits == 32)
-    *out = DType::kF32;
-  else if (code == Code::Float && t.bits == 16)
-    *out = DType::kF16;
-  else if (code == Code::Bfloat && t.bits == 16)
-    *out = DType::kBF16;
-  else if (code == Code::UInt && t.bits == 8)
-    *out = DType::kU8;
-  else if (code == Code::Int && t.bits == 32)
-    *out = DType::kI32;
-  else if (code == Code::Float8_E4M3FN && t.bits == 8)
-    *out = DType::kE4M3;
-  else
-    return false;
-  return true;
+  for (const Entry& e : kTable) {
+    if (e.code == t.code && e.bits == t.bits) {
+      *out = e.dtype;
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace
