@@ -138,9 +138,7 @@ def _check_operands(qkv: QuantizedQKV) -> None:
         )
     _checks.check_recipe(qkv.recipe)
     _checks.check_layout(qkv.layout)
-    names = ("q_data", "q_scale", "k_data", "k_scale", "v_data", "v_scale")
-    ranks = (4, 3, 4, 3, 4, 3)
-    for name, rank in zip(names, ranks):
+    for name, rank in zip(QuantizedQKV.TENSORS, (4, 3, 4, 3, 4, 3)):
         t = _checks.check_tensor(getattr(qkv, name), name, rank, "(see QuantizedQKV)")
         _checks.check_device(t, name, qkv.q_data, "q_data")
     code = _ops.operand_dtype(qkv.recipe)
@@ -150,8 +148,9 @@ def _check_operands(qkv: QuantizedQKV) -> None:
                 f"{name}: expected dtype {code} for recipe {qkv.recipe!r}, got "
                 f"{getattr(qkv, name).dtype}"
             )
-    if qkv.out_dtype not in _checks.CPU_DTYPES:
-        raise TypeError(f"out_dtype: {qkv.out_dtype} is not a supported output dtype")
+    allowed = _checks.CUDA_DTYPES if qkv.device.type == "cuda" else _checks.CPU_DTYPES
+    if qkv.out_dtype not in allowed:
+        raise TypeError(f"out_dtype: {qkv.out_dtype} is not supported on {qkv.device.type}")
     _checks.check_head_dim(qkv.q_data.shape[3], "q_data")
 
 

@@ -31,6 +31,8 @@ class QuantizedQKV:
     out_dtype: torch.dtype
     layout: str = "bshd"
 
+    TENSORS = ("q_data", "q_scale", "k_data", "k_scale", "v_data", "v_scale")
+
     @property
     def device(self) -> torch.device:
         return self.q_data.device
@@ -38,6 +40,10 @@ class QuantizedQKV:
     @property
     def head_dim(self) -> int:
         return self.q_data.shape[3]
+
+    def to(self, device: torch.device | str) -> QuantizedQKV:
+        """The operands on another device (CPU and GPU quantizers write the same bytes)."""
+        return dataclasses.replace(self, **{f: getattr(self, f).to(device) for f in self.TENSORS})
 
     def replace_q(self, q: torch.Tensor, tensor_scale: float | None = None) -> QuantizedQKV:
         """The same K/V with a new q (same recipe and layout) quantized in."""

@@ -87,6 +87,12 @@ def test_quantized_path_equals_attn_func():
     )
 
 
+def test_cpu_operands_moved_to_the_gpu():
+    q, k, v = gpu_qkv(s_q=130, s_k=200, h=4, h_kv=2, d=64)
+    ops = fp4attn.quantize_qkv(q.cpu(), k.cpu(), v.cpu(), recipe="fp8").to("cuda")
+    assert torch.equal(fp4attn.attn_quantized(ops), fp4attn.attn_func(q, k, v, recipe="fp8"))
+
+
 def test_bhsd_layout():
     q, k, v = gpu_qkv(s_q=128, d=64)
     o = fp4attn.attn_func(q, k, v, recipe="fp8")
