@@ -530,6 +530,35 @@ __device__ __noinline__ void nvfp4_fold_generic(const float* v, float s_enc, uin
   store16(dst, bytes);
 }
 
+// The folded bytes of the block in the raw vectors r0, r1 (minus mean_c[i] when not null) by
+// nvfp4_fold_generic (slices whose static s_enc is beyond packed::nvfp4_table_finite).
+template <bool kF16, Nvfp4ScaleRule kRule>
+__device__ __noinline__ uint4 nvfp4_fold_generic_raw(uint4 r0, uint4 r1, const float* mean_c,
+                                                     float s_enc) {
+  float v[kNvfp4Block];
+  operand_fast::unpack8<kF16>(r0, v);
+  operand_fast::unpack8<kF16>(r1, v + 8);
+  if (mean_c != nullptr) {
+    for (int i = 0; i < kNvfp4Block; ++i) v[i] = __fsub_rn(v[i], __ldg(mean_c + i));
+  }
+  uint4 o;
+  nvfp4_fold_generic<kRule>(v, s_enc, reinterpret_cast<uint8_t*>(&o));
+  return o;
+}
+
+// The grid-stride loop of nvfp4_operand_kernel over one slice with nvfp4_fold_generic_raw (out of
+// line: the fast loop keeps its registers).
+template <bool kF16, Nvfp4ScaleRule kRule>
+__device__ __noinline__ void nvfp4_slice_generic(int64_t u, int64_t units, int64_t stride,
+                                                 const uint16_t* src, int64_t src_step,
+                                                 uint8_t* dst, const float* mean_c, float s_enc) {
+  for (; u < units; u += stride, src += src_step, dst += stride * kNvfp4Block) {
+    const uint4* p = reinterpret_cast<const uint4*>(src);
+    *reinterpret_cast<uint4*>(dst) =
+        nvfp4_fold_generic_raw<kF16, kRule>(__ldg(p), __ldg(p + 1), mean_c, s_enc);
+  }
+}
+
 // ---- fold tables ---------------------------------------------------------------------------------
 
 // Row sc: the 8 folded bytes of NVFP4 scale code sc; row k + 248: MXFP4 offset k (operand_qk_fast.cuh).
@@ -645,8 +674,9 @@ __global__ void __launch_bounds__(kThreads)
 // packed::nvfp4_table_finite; table: packed::nvfp4_fill_scale_table(s_enc).
 // The scale math is exact and short: amax on the 16-bit bits (kSmooth: of the FP32 differences),
 // amax / 6 by div6_16bit (exact for 16-bit amax values; kSmooth: a division), E4M3 codes by
-// packed::e4m3_code_*, s_enc / f from the table; codes by packed::e2m1_mag_term sums, signs from
-// the input bits, the fold through g_nv_fold rows.
+// packed::e4m3_code_*, s_enc / f from the table; E2M1 magnitudes by packed::e2m1_mag_term sums
+// (Four-Over-Six: packed::four_over_six_select), folded through g_nv_fold rows with the magnitude
+// nibbles as PRMT selectors, the signs XORed in from the input bits (fold8_mag).
 template <bool kF16, Nvfp4ScaleRule kRule, bool kSmooth>
 __device__ __forceinline__ uint4 nvfp4_operand_block(const uint4& r0, const uint4& r1,
                                                      const float (&mu)[kNvfp4Block], float s_enc,
@@ -655,49 +685,54 @@ __device__ __forceinline__ uint4 nvfp4_operand_block(const uint4& r0, const uint
   operand_fast::unpack8<kF16>(r0, x);
   operand_fast::unpack8<kF16>(r1, x + 8);
   float amax;
-  uint32_t sg[2];
   if constexpr (kSmooth) {
 #pragma unroll
     for (int i = 0; i < kNvfp4Block; ++i) x[i] = __fsub_rn(x[i], mu[i]);
     amax = block_amax(x, kNvfp4Block);
-    sg[0] = operand_fast::sign_nibbles_f8(x);
-    sg[1] = operand_fast::sign_nibbles_f8(x + 8);
   } else {
     const uint4 r[2] = {r0, r1};
     amax = bits_float(raw_amax_bits_of<kF16, kNvfp4Block>(r));
-    sg[0] = packed::sign_nibbles8(r0.x, r0.y, r0.z, r0.w);
-    sg[1] = packed::sign_nibbles8(r1.x, r1.y, r1.z, r1.w);
   }
   if (!(float_bits(amax) < kF32Inf)) {  // NaN or Inf: scale NaN, every byte NaN
     return make_uint4(0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);
   }
-  const float flt_max = bits_float(detail::kFltMaxBits);
   const float a6 = kSmooth ? detail::div_rn(amax, kE2m1Max) : packed::div6_16bit(amax);
-  const float sf = fminf(detail::mul_rn(a6, s_enc), flt_max);  // never NaN
-  uint32_t w[2], sc;
+  uint32_t mag[2], sc;
   if constexpr (kRule == Nvfp4ScaleRule::kFourOverSix) {
-    const float sf4 = fminf(detail::mul_rn(detail::mul_rn(amax, 0.25f), s_enc), flt_max);
-    float xs[kNvfp4Block];
-#pragma unroll
-    for (int i = 0; i < kNvfp4Block; ++i) xs[i] = detail::mul_rn(fabsf(x[i]), s_enc);
-    sc = packed::four_over_six(x, xs, packed::e4m3_code_nearest(sf),
-                               packed::e4m3_code_nearest(sf4), table, sg, w);
+    const packed::FosCodes c = packed::four_over_six_codes(amax, a6, s_enc);
+    const float2 e6 = table[c.c6], e4 = table[c.c4];
+    if (packed::four_over_six_fast_ok(c)) {
+      sc = packed::four_over_six_select<false>(x, s_enc, c, {e6.x, e6.y}, {e4.x, e4.y}, mag);
+    } else {  // tiny or saturated /6 scale: rare (a warp diverges only where it occurs)
+      sc = packed::four_over_six_select<true>(x, s_enc, c, {e6.x, e6.y}, {e4.x, e4.y}, mag);
+    }
   } else {
+    const float sf = fminf(detail::mul_rn(a6, s_enc), bits_float(detail::kFltMaxBits));
     sc = packed::e4m3_code_for_rule<kRule>(sf);
     const float inv = table[sc].x;  // code 0: 0, and the codes are all +0
-    const uint32_t sign_mask = sc != 0 ? 0x88888888u : 0u;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       uint32_t t[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) t[i] = packed::e2m1_mag_term(detail::mul_rn(x[8 * j + i], inv));
-      w[j] = packed::e2m1_pack8_magnitudes(t) | (sg[j] & sign_mask);
+      mag[j] = packed::e2m1_pack8_magnitudes(t);
     }
   }
+  uint32_t s[4];
+  if constexpr (kSmooth) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) s[q] = operand_fast::sign_bytes4_f32(x + 4 * q);
+  } else {
+    s[0] = operand_fast::sign_bytes4_16(r0.x, r0.y);
+    s[1] = operand_fast::sign_bytes4_16(r0.z, r0.w);
+    s[2] = operand_fast::sign_bytes4_16(r1.x, r1.y);
+    s[3] = operand_fast::sign_bytes4_16(r1.z, r1.w);
+  }
+  const uint32_t smask = sc != 0 ? 0x80808080u : 0u;
   const uint2 row = __ldg(g_nv_fold + sc);
   uint4 o;
-  operand_fast::fold8(w[0], row.x, row.y, o.x, o.y);
-  operand_fast::fold8(w[1], row.x, row.y, o.z, o.w);
+  operand_fast::fold8_mag(mag[0], row.x, row.y, s[0], s[1], smask, o.x, o.y);
+  operand_fast::fold8_mag(mag[1], row.x, row.y, s[2], s[3], smask, o.z, o.w);
   return o;
 }
 
@@ -735,25 +770,38 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kNvfp4Block; ++i) {
       mu[i] = kSmooth ? __ldg(mean + bh * kD + blk * kNvfp4Block + i) : 0.f;
     }
-    for (int64_t u = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; u < units;
-         u += stride) {
-      const int64_t token = u / kNb;
-      const uint4* src = reinterpret_cast<const uint4*>(src0 + token * a.stride_s);
-      const uint4 r0 = __ldg(src), r1 = __ldg(src + 1);
-      uint8_t* dst = dst0 + u * kNvfp4Block;
-      if (fast) {
-        *reinterpret_cast<uint4*>(dst) =
-            nvfp4_operand_block<kF16, kRule, kSmooth>(r0, r1, mu, s_enc, table);
-      } else {
-        float v[kNvfp4Block];
-        operand_fast::unpack8<kF16>(r0, v);
-        operand_fast::unpack8<kF16>(r1, v + 8);
-#pragma unroll
-        for (int i = 0; i < kNvfp4Block; ++i) v[i] = kSmooth ? __fsub_rn(v[i], mu[i]) : v[i];
-        nvfp4_fold_generic<kRule>(v, s_enc, dst);
+    // The next grid-stride unit's two loads are issued before this unit's math (32 more bytes in
+    // flight per thread). The stride is a multiple of kNb: a thread's source and destination
+    // advance by fixed steps.
+    const int64_t u0 = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+    const int64_t src_step = stride / kNb * a.stride_s;
+    const uint16_t* src = src0 + u0 / kNb * a.stride_s;
+    uint8_t* dst = dst0 + u0 * kNvfp4Block;
+    uint4 n0 = make_uint4(0, 0, 0, 0), n1 = n0;
+    if (u0 < units) {
+      n0 = __ldg(reinterpret_cast<const uint4*>(src));
+      n1 = __ldg(reinterpret_cast<const uint4*>(src) + 1);
+    }
+    const float* mean_c = kSmooth ? mean + bh * kD + blk * kNvfp4Block : nullptr;
+    if (!fast) {  // static s_enc beyond the table's range: the reference functions
+      nvfp4_slice_generic<kF16, kRule>(u0, units, stride, src, src_step, dst, mean_c, s_enc);
+      for (int64_t u = u0; u < units; u += stride) {
+        if (u % (kOperandTileTokens * kNb) == 0) {
+          scale[bh * tiles + u / kNb / kOperandTileTokens] = factor;
+        }
       }
+      continue;
+    }
+    for (int64_t u = u0; u < units; u += stride, src += src_step, dst += stride * kNvfp4Block) {
+      const uint4 r0 = n0, r1 = n1;
+      if (u + stride < units) {
+        n0 = __ldg(reinterpret_cast<const uint4*>(src + src_step));
+        n1 = __ldg(reinterpret_cast<const uint4*>(src + src_step) + 1);
+      }
+      *reinterpret_cast<uint4*>(dst) =
+          nvfp4_operand_block<kF16, kRule, kSmooth>(r0, r1, mu, s_enc, table);
       if (u % (kOperandTileTokens * kNb) == 0) {
-        scale[bh * tiles + token / kOperandTileTokens] = factor;
+        scale[bh * tiles + u / kNb / kOperandTileTokens] = factor;
       }
     }
   }

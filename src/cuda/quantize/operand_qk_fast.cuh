@@ -138,6 +138,31 @@ __device__ __forceinline__ void fold8(uint32_t w, uint32_t t0, uint32_t t1, uint
   o1 = m1 ^ (prmt(ev, w, 0x7362u) & 0x80808080u);
 }
 
+// Sign bytes for the fold of magnitudes (fold8_mag): bit 7 of byte k = sign of element k of
+// four 16-bit values (words w0 = elements 0, 1 and w1 = 2, 3): their high bytes, one PRMT.
+__device__ __forceinline__ uint32_t sign_bytes4_16(uint32_t w0, uint32_t w1) {
+  return prmt(w0, w1, 0x7531u);
+}
+
+// The same for four floats (their top bytes).
+__device__ __forceinline__ uint32_t sign_bytes4_f32(const float* x) {
+  const uint32_t a = prmt(float_bits(x[0]), float_bits(x[1]), 0x0073u);
+  const uint32_t b = prmt(float_bits(x[2]), float_bits(x[3]), 0x0073u);
+  return prmt(a, b, 0x5410u);
+}
+
+// Eight E2M1 magnitudes (element i in bits 4i..4i+2, bit 4i+3 zero) -> eight folded bytes through
+// the row (t0: magnitudes 0..3, t1: 4..7): the magnitude nibbles are PRMT selectors as they are.
+// Signs: bit 7 of the bytes of s0 (elements 0..3) / s1 (4..7), kept where smask has them
+// (0x80808080, or 0 for a zero block scale, whose codes are all +0). E4M3 is odd in the folded
+// value (-0 included), so the sign is an XOR.
+__device__ __forceinline__ void fold8_mag(uint32_t mag, uint32_t t0, uint32_t t1, uint32_t s0,
+                                          uint32_t s1, uint32_t smask, uint32_t& o0,
+                                          uint32_t& o1) {
+  o0 = prmt(t0, t1, mag) ^ (s0 & smask);
+  o1 = prmt(t0, t1, mag >> 16) ^ (s1 & smask);
+}
+
 // float_to_e4m3 of four finite floats, element i in byte i.
 __device__ __forceinline__ uint32_t e4m3x4_finite(float y0, float y1, float y2, float y3) {
   const uint32_t lo = prmt(e4m3_code_hi_finite(y0), e4m3_code_hi_finite(y1), 0x7373u);

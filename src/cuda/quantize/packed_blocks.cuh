@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/quantize/four_over_six.h"
 #include "cuda/quantize/packed_common.cuh"
 #include "fp4attn/formats.h"
 #include "fp4attn/quantize.h"
@@ -97,66 +98,8 @@ __device__ __forceinline__ uint32_t nvfp4_block_vec(const uint4& a, const uint4&
   return code;
 }
 
-// Four-Over-Six choice of one block (nvfp4_quantize_block, kFourOverSix), shared by the packed
-// and the operand quantizers. x: the 16 values; xs[i] = RN(|x[i]| * s_enc); c6, c4 the candidate
-// scale codes (neither 0x7F) with their table entries e = (s_enc / f, f); sg: bit 4i+3 = sign of
-// x[i] (other bits ignored). Returns the chosen code, packed codes in w.
-// Per candidate and value: the FMA sum m of e2m1_mag_term (from which the code follows) and the
-// reference's error sum in its order, d = x * s_enc - e2m1 * f as one FMA on xs (r * f is exact,
-// E2M1 x E4M3; |x| * s_enc - r * f has d's magnitude as the code's sign is x's), err = fmaf(d, d,
-// err). Only the winner's codes are extracted (one select per value).
-// kClamp4 false skips candidate 4's clamp at 6 (|x| * inv4 then is one FMUL with |.|): exact
-// whenever c4 < 0x7E, as then y4 = RN(|x| * RN(s_enc / f4)) < 7 rounds onto the grid like
-// min(y4, 6): f4 = E4M3(sf4) is within 2^-4 of sf4 (normal, so y4 <~ 4 (1 + 2^-4)), or a
-// subnormal k 2^-9 with sf4 < (k + 1/2) 2^-9 (y4 <~ 4 (k + 1/2) / k <= 6), and 4 sf4 / f4 bounds
-// y4 up to two FP32 roundings, which cannot carry it to 7.
-template <bool kClamp4>
-__device__ __forceinline__ uint32_t four_over_six_pick(const float (&x)[kNvfp4Block],
-                                                       const float (&xs)[kNvfp4Block], uint32_t c6,
-                                                       uint32_t c4, float2 e6, float2 e4,
-                                                       const uint32_t (&sg)[2],
-                                                       uint32_t (&w)[2]) {
-  float m6[kNvfp4Block], m4[kNvfp4Block];
-  float err6 = 0.f, err4 = 0.f;
-#pragma unroll
-  for (int i = 0; i < kNvfp4Block; ++i) {
-    const float a6 = fminf(fabsf(detail::mul_rn(x[i], e6.x)), kE2m1Max);
-    const float p6 = bits_float(float_bits(fmaxf(a6, 1.f)) & 0x7F800000u);
-    m6[i] = fmaf(p6, 4194304.f, a6);
-    const float d6 = fmaf(-fmaf(-p6, 4194304.f, m6[i]), e6.y, xs[i]);
-    err6 = fmaf(d6, d6, err6);
-    float a4 = detail::mul_rn(fabsf(x[i]), e4.x);
-    if constexpr (kClamp4) a4 = fminf(a4, kE2m1Max);
-    const float p4 = bits_float(float_bits(fmaxf(a4, 1.f)) & 0x7F800000u);
-    m4[i] = fmaf(p4, 4194304.f, a4);
-    const float d4 = fmaf(-fmaf(-p4, 4194304.f, m4[i]), e4.y, xs[i]);
-    err4 = fmaf(d4, d4, err4);
-  }
-  const bool use4 = err4 < err6;  // ties keep /6
-  const uint32_t c = use4 ? c4 : c6;
-  const uint32_t sign_mask = c != 0 ? 0x88888888u : 0u;  // scale 0: all codes +0
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    uint32_t t[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) t[i] = float_bits(use4 ? m4[8 * j + i] : m6[8 * j + i]) * 0x400001u;
-    w[j] = e2m1_pack8_magnitudes(t) | (sg[j] & sign_mask);
-  }
-  return c;
-}
-
-// four_over_six_pick for any pair of codes (neither 0x7F).
-__device__ __forceinline__ uint32_t four_over_six(const float (&x)[kNvfp4Block],
-                                                  const float (&xs)[kNvfp4Block], uint32_t c6,
-                                                  uint32_t c4, const float2* table,
-                                                  const uint32_t (&sg)[2], uint32_t (&w)[2]) {
-  const float2 e6 = table[c6], e4 = table[c4];
-  return c4 < 0x7Eu ? four_over_six_pick<false>(x, xs, c6, c4, e6, e4, sg, w)
-                    : four_over_six_pick<true>(x, xs, c6, c4, e6, e4, sg, w);
-}
-
 // nvfp4_quantize_block with kFourOverSix on the 16 values in a, b (preconditions as
-// nvfp4_block_vec).
+// nvfp4_block_vec): four_over_six_select (four_over_six.h) with the signs from the input bits.
 template <typename T>
 __device__ __forceinline__ uint32_t nvfp4_block_vec_46(const uint4& a, const uint4& b,
                                                        float s_enc, const float2* table,
@@ -166,16 +109,21 @@ __device__ __forceinline__ uint32_t nvfp4_block_vec_46(const uint4& a, const uin
     w[0] = w[1] = 0;
     return 0x7F;
   }
-  const float flt_max = bits_float(detail::kFltMaxBits);
-  const float sf6 = fminf(detail::mul_rn(div6_16bit(amax), s_enc), flt_max);
-  const float sf4 = fminf(detail::mul_rn(detail::mul_rn(amax, 0.25f), s_enc), flt_max);
-  float x[kNvfp4Block], xs[kNvfp4Block];
+  const FosCodes c = four_over_six_codes(amax, div6_16bit(amax), s_enc);
+  const float2 e6 = table[c.c6], e4 = table[c.c4];
+  float x[kNvfp4Block];
   unpack8<T>(a, x);
   unpack8<T>(b, x + 8);
-#pragma unroll
-  for (int i = 0; i < kNvfp4Block; ++i) xs[i] = detail::mul_rn(fabsf(x[i]), s_enc);
-  const uint32_t sg[2] = {sign_nibbles8(a.x, a.y, a.z, a.w), sign_nibbles8(b.x, b.y, b.z, b.w)};
-  return four_over_six(x, xs, e4m3_code_nearest(sf6), e4m3_code_nearest(sf4), table, sg, w);
+  uint32_t mag[2], code;
+  if (four_over_six_fast_ok(c)) {
+    code = four_over_six_select<false>(x, s_enc, c, {e6.x, e6.y}, {e4.x, e4.y}, mag);
+  } else {  // tiny or saturated /6 scale: rare (a warp diverges only where it occurs)
+    code = four_over_six_select<true>(x, s_enc, c, {e6.x, e6.y}, {e4.x, e4.y}, mag);
+  }
+  const uint32_t sign_mask = code != 0 ? 0x88888888u : 0u;  // scale 0: all codes +0
+  w[0] = mag[0] | (sign_nibbles8(a.x, a.y, a.z, a.w) & sign_mask);
+  w[1] = mag[1] | (sign_nibbles8(b.x, b.y, b.z, b.w) & sign_mask);
+  return code;
 }
 
 // MXFP4 block of 32 values with amax = block_amax(x). Returns the E8M0 code, codes in w.

@@ -183,7 +183,9 @@ FP4ATTN_HD uint32_t sign_nibbles8(uint32_t w0, uint32_t w1, uint32_t w2, uint32_
 FP4ATTN_HD uint32_t e2m1_encode8(const float (&x)[8], float inv, uint32_t w0, uint32_t w1,
                                  uint32_t w2, uint32_t w3, uint32_t sign_mask) {
   uint32_t t[8];
+#if defined(__CUDA_ARCH__)
 #pragma unroll
+#endif
   for (int i = 0; i < 8; ++i) t[i] = e2m1_mag_term(detail::mul_rn(x[i], inv));
   return e2m1_pack8_magnitudes(t) | (sign_nibbles8(w0, w1, w2, w3) & sign_mask);
 }

@@ -168,7 +168,7 @@ __device__ __forceinline__ void nvfp4_unit(const QuantParams& p, int64_t u, cons
 // see the table at the end of this file).
 template <typename T, Nvfp4ScaleRule kRule>
 constexpr int nvfp4_min_ctas() {
-  if (kRule == Nvfp4ScaleRule::kFourOverSix) return 3;
+  if (kRule == Nvfp4ScaleRule::kFourOverSix) return 2;
   return std::is_same_v<T, __half> ? 4 : 5;
 }
 
