@@ -37,8 +37,8 @@ def qkv(b=1, s_q=256, s_k=None, h=4, h_kv=None, d=64, dtype=torch.float32, devic
 
 
 def sdpa_bshd(q, k, v, causal=False, scale=None):
-    """float64 SDPA on BSHD inputs, causal bottom-right aligned (FlashAttention's convention)."""
-    q, k, v = (t.double().transpose(1, 2) for t in (q, k, v))
+    """float32 SDPA on BSHD inputs, causal bottom-right aligned (FlashAttention's convention)."""
+    q, k, v = (t.float().transpose(1, 2) for t in (q, k, v))
     h, h_kv = q.shape[1], k.shape[1]
     k = k.repeat_interleave(h // h_kv, dim=1)
     v = v.repeat_interleave(h // h_kv, dim=1)
