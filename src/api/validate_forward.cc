@@ -34,8 +34,9 @@ Status check_aligned(const void* p, const char* name, int bytes) {
 
 Status check_options(const ForwardOptions& opt) {
   if (!forward_recipe_supported(opt.recipe)) {
-    return Status::Invalid(std::string("recipe: '") + recipe_name(opt.recipe) +
-                           "' does not run on the GPU engine yet (supported: fp8)");
+    return Status::Invalid(
+        std::string("recipe: '") + recipe_name(opt.recipe) +
+        "' does not run on the GPU engine yet (supported: fp8, nvfp4, nvfp4-hx, mxfp4)");
   }
   if (!std::isfinite(opt.softmax_scale) || opt.softmax_scale < 0) {
     return Status::Invalid(
@@ -89,7 +90,9 @@ Status check_head_dim(int64_t d, const char* name) {
 // The kernel indexes rows and tiles with 32-bit ints.
 Status check_sizes(const ForwardShape& sh) {
   const int64_t kMax = int64_t(1) << 30;
-  if (sh.s_q >= kMax || sh.s_k >= kMax || sh.b * sh.h >= (int64_t(1) << 31)) {
+  const int64_t q_tiles = (sh.s_q + 127) / 128 * sh.b * sh.h;
+  if (sh.s_q >= kMax || sh.s_k >= kMax || sh.b * sh.h >= (int64_t(1) << 31) ||
+      q_tiles >= (int64_t(1) << 31)) {
     return Status::Invalid("q: sequence length or batch x heads too large for the kernel");
   }
   return Status::Ok();
@@ -97,7 +100,12 @@ Status check_sizes(const ForwardShape& sh) {
 
 }  // namespace
 
-bool forward_recipe_supported(Recipe recipe) { return recipe == Recipe::kFp8; }
+// The recipes whose operands are scale-folded E4M3 Q/K with FP32 tile factors, E4M3 P with the 2^8
+// lift and per-channel E4M3 V: the engine computes all of them the same way (numerics.md §3-4).
+bool forward_recipe_supported(Recipe recipe) {
+  return recipe == Recipe::kFp8 || recipe == Recipe::kNvfp4 || recipe == Recipe::kNvfp4Hx ||
+         recipe == Recipe::kMxfp4;
+}
 
 Status validate_forward_operands(const ForwardOperands& in, const ForwardOptions& opt,
                                  const TensorView& o, const TensorView& lse, ForwardShape* shape) {

@@ -37,6 +37,11 @@ constexpr double kMaxLseAbsVsGolden = 2e-3;
 // fp8 recipe vs float64 on N(0,1) inputs (numerics.md §6: 0.9985 / 0.054 at s =
 // 1024).
 constexpr double kMinCosVsExact = 0.997;
+// The FP4 recipes' own error (numerics.md §6: nvfp4 0.991, nvfp4-hx 0.985, mxfp4 0.986 at s =
+// 1024).
+double min_cos_vs_exact(Recipe r) {
+  return r == Recipe::kFp8 ? kMinCosVsExact : r == Recipe::kNvfp4 ? 0.985 : 0.978;
+}
 
 uint64_t fresh_seed() {
   std::random_device rd;
@@ -67,10 +72,16 @@ struct DeviceArray {
 struct Problem {
   int64_t b, s_q, s_k, h, h_kv, d;
   bool causal;
+  Recipe recipe = Recipe::kFp8;
   std::string name() const {
     std::ostringstream os;
     os << "b" << b << "_sq" << s_q << "_sk" << s_k << "_h" << h << "_hkv" << h_kv << "_d" << d
        << (causal ? "_causal" : "");
+    if (recipe != Recipe::kFp8) {
+      std::string r = recipe_name(recipe);
+      for (char& ch : r) ch = ch == '-' ? '_' : ch;
+      os << "_" << r;
+    }
     return os.str();
   }
 };
@@ -98,7 +109,7 @@ Status run_gpu(const Problem& pb, const std::vector<uint16_t>& q, const std::vec
   dout.poison(0xFF);  // NaN in BF16 and FP16
   dlse.poison(0xFF);
   ForwardOptions opt;
-  opt.recipe = Recipe::kFp8;
+  opt.recipe = pb.recipe;
   opt.causal = pb.causal;
   const TensorView tq = make_view(dq.ptr, DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d});
   const TensorView tk = make_view(dk.ptr, DType::kBF16, {pb.b, pb.s_k, pb.h_kv, pb.d});
@@ -125,7 +136,7 @@ Golden run_golden(const Problem& pb, const std::vector<uint16_t>& q, const std::
   g.o.resize(q.size());
   g.lse.resize(pb.b * pb.h * pb.s_q);
   RecipeOptions opt;
-  opt.recipe = Recipe::kFp8;
+  opt.recipe = pb.recipe;
   opt.causal = pb.causal;
   const Status st = golden_attention_forward(
       make_view(const_cast<uint16_t*>(q.data()), DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d}),
@@ -202,7 +213,9 @@ TEST_P(FwdGpuShapes, MatchesGoldenAndExact) {
       make_view(exact.data(), DType::kF64, {pb.b, pb.s_q, pb.h, pb.d}), TensorView{});
   ASSERT_TRUE(st.ok()) << st.message();
   const ErrorStats vs_exact = compare(o.data(), exact.data(), int64_t(o.size()));
-  if (pb.s_q * pb.h >= 64) EXPECT_GE(vs_exact.cos, kMinCosVsExact) << to_string(vs_exact);
+  if (pb.s_q * pb.h >= 64) {
+    EXPECT_GE(vs_exact.cos, min_cos_vs_exact(pb.recipe)) << to_string(vs_exact);
+  }
   std::printf(
       "[fwd %s] vs golden: %s lse_max_abs=%.3g | vs f64: cos=%.5f "
       "rel_l2=%.4f\n",
@@ -224,6 +237,24 @@ std::vector<Problem> shapes() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, FwdGpuShapes, ::testing::ValuesIn(shapes()),
+                         [](const auto& info) { return info.param.name(); });
+
+// The FP4 recipes run on the same engine (scale-folded operands): fewer shapes, every recipe.
+std::vector<Problem> recipe_shapes() {
+  std::vector<Problem> v;
+  for (Recipe r : {Recipe::kNvfp4, Recipe::kNvfp4Hx, Recipe::kMxfp4}) {
+    for (int64_t d : {64, 128}) {
+      for (bool causal : {false, true}) {
+        v.push_back({2, 1000, 1000, 4, 2, d, causal, r});
+        v.push_back({1, 17, 4097, 4, 4, d, causal, r});
+      }
+      v.push_back({2, 333, 17, 6, 2, d, true, r});
+    }
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, FwdGpuShapes, ::testing::ValuesIn(recipe_shapes()),
                          [](const auto& info) { return info.param.name(); });
 
 TEST(FwdGpu, Fp16OutputAndOperandEntryPoint) {

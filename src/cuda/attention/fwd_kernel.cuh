@@ -22,11 +22,12 @@ namespace fp4attn::sm90 {
 
 // The FP8 P lift of numerics.md §4: P = 2^(z - m + 8) lands in (128, 256].
 constexpr float kPLift = 8.f;
-// Keys per pipeline stage: 128 at d = 128 (a 64 x 256 S does not fit the registers beside O
-// and P), 256 at d = 64.
+// Keys per pipeline stage. 128 at d = 128: a 64 x 256 S does not fit the registers beside O and
+// P. At d = 64 the one-tile-per-CTA kernel ran 256 (0df9625), but with the persistent loop's state
+// it spills 92 bytes inside the loop, so 128 until a measurement says otherwise.
 template <int D>
 constexpr int block_n() {
-  return D == 128 ? 128 : 256;
+  return 128;
 }
 
 template <int D>
@@ -36,6 +37,7 @@ struct alignas(1024) FwdSmem {
   uint8_t k[kStages][N * D];
   uint8_t v[kStages][N / kScaleTile][D * kScaleTile];  // V^T in 128-key boxes
   uint64_t q_full;
+  uint64_t q_empty;  // both consumer warpgroups are done reading Q
   uint64_t full[kStages];
   uint64_t empty[kStages];
 };
@@ -57,25 +59,65 @@ __device__ __forceinline__ int key_blocks(const FwdParams& p, int m0) {
   return n_blocks;
 }
 
+// Persistent schedule: CTA c takes tiles c, c + gridDim.x, ... Non-causal tiles go head by head
+// (the CTAs running together share K/V in L2); causal tiles go longest first (largest m_tile of
+// every head, then the next), so that the last wave is short work.
+struct Tile {
+  int m_tile, head, batch;
+};
+
+__device__ __forceinline__ int num_tiles(const FwdParams& p) { return p.m_tiles * p.b * p.h; }
+
+__device__ __forceinline__ Tile tile_at(const FwdParams& p, int t) {
+  const int bh_count = p.b * p.h;
+  int m_tile, bh;
+  if (p.causal) {
+    m_tile = p.m_tiles - 1 - t / bh_count;
+    bh = t % bh_count;
+  } else {
+    m_tile = t % p.m_tiles;
+    bh = t / p.m_tiles;
+  }
+  return {m_tile, bh % p.h, bh / p.h};
+}
+
+// Position in the K/V stage ring: blocks are numbered across all tiles of the CTA.
+struct Ring {
+  int it = 0;
+  __device__ __forceinline__ int stage(int j) const { return (it + j) % kStages; }
+  __device__ __forceinline__ uint32_t parity(int j) const { return ((it + j) / kStages) & 1; }
+};
+
 template <int D>
-__device__ void produce(const FwdParams& p, FwdSmem<D>& sm, int bh, int bh_kv, int m0,
-                        int n_blocks) {
+__device__ void produce(const FwdParams& p, FwdSmem<D>& sm) {
   constexpr int N = block_n<D>();
   prefetch_tensor_map(&p.tm_q);
   prefetch_tensor_map(&p.tm_k);
   prefetch_tensor_map(&p.tm_v);
-  mbar_arrive_expect_tx(&sm.q_full, kBlockM * D);
-  tma_load_3d(sm.q, &p.tm_q, &sm.q_full, 0, m0, bh);
-  for (int j = 0; j < n_blocks; ++j) {
-    const int stage = j % kStages;
-    const int round = j / kStages;
-    if (round > 0) mbar_wait(&sm.empty[stage], (round - 1) & 1);
-    mbar_arrive_expect_tx(&sm.full[stage], 2 * N * D);
-    tma_load_3d(sm.k[stage], &p.tm_k, &sm.full[stage], 0, j * N, bh_kv);
+  Ring ring;
+  int q_loads = 0;
+  for (int t = blockIdx.x; t < num_tiles(p); t += gridDim.x) {
+    const Tile tile = tile_at(p, t);
+    const int n_blocks = key_blocks<N>(p, tile.m_tile * kBlockM);
+    if (n_blocks == 0) continue;
+    const int bh = tile.batch * p.h + tile.head;
+    const int bh_kv = tile.batch * p.h_kv + tile.head / (p.h / p.h_kv);
+    if (q_loads > 0) mbar_wait(&sm.q_empty, (q_loads - 1) & 1);
+    mbar_arrive_expect_tx(&sm.q_full, kBlockM * D);
+    tma_load_3d(sm.q, &p.tm_q, &sm.q_full, 0, tile.m_tile * kBlockM, bh);
+    ++q_loads;
+    for (int j = 0; j < n_blocks; ++j) {
+      const int stage = ring.stage(j);
+      // The stage's previous use ended one ring round ago.
+      if (ring.it + j >= kStages) mbar_wait(&sm.empty[stage], ring.parity(j) ^ 1);
+      mbar_arrive_expect_tx(&sm.full[stage], 2 * N * D);
+      tma_load_3d(sm.k[stage], &p.tm_k, &sm.full[stage], 0, j * N, bh_kv);
 #pragma unroll
-    for (int b = 0; b < N / kScaleTile; ++b) {
-      tma_load_3d(sm.v[stage][b], &p.tm_v, &sm.full[stage], j * N + b * kScaleTile, 0, bh_kv);
+      for (int b = 0; b < N / kScaleTile; ++b) {
+        tma_load_3d(sm.v[stage][b], &p.tm_v, &sm.full[stage], j * N + b * kScaleTile, 0, bh_kv);
+      }
     }
+    ring.it += n_blocks;
   }
 }
 
@@ -216,8 +258,8 @@ __device__ __forceinline__ void pack_p(const float (&s)[SN], uint32_t (&pa)[SN /
 }
 
 template <int D>
-__device__ void consume(const FwdParams& p, FwdSmem<D>& sm, int cw, int batch, int head,
-                        int kv_head, int m_tile, int n_blocks) {
+__device__ void consume_tile(const FwdParams& p, FwdSmem<D>& sm, int cw, int batch, int head,
+                             int kv_head, int m_tile, int n_blocks, const Ring& ring, int q_uses) {
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32, lane = tid % 32;
   const int t = lane % 4;
@@ -268,11 +310,11 @@ __device__ void consume(const FwdParams& p, FwdSmem<D>& sm, int cw, int batch, i
     uint32_t pa[kPSteps][4];
     float alpha[2], c[2];
     uint64_t dv[kPSteps / 4];
-    mbar_wait(&sm.q_full, 0);
-    mbar_wait(&sm.full[0], 0);
+    mbar_wait(&sm.q_full, q_uses & 1);
+    mbar_wait(&sm.full[ring.stage(0)], ring.parity(0));
     turn_begin();
     wgmma_fence();
-    issue_qk<D, kSN>(s, desc_q, make_kmajor_desc(sm.k[0], D));
+    issue_qk<D, kSN>(s, desc_q, make_kmajor_desc(sm.k[ring.stage(0)], D));
     turn_end(false);
     score_factors(0, c);
     wgmma_wait<0>();
@@ -281,10 +323,10 @@ __device__ void consume(const FwdParams& p, FwdSmem<D>& sm, int cw, int batch, i
     pack_p(s, pa);
 
     for (int j = 1; j < n_blocks; ++j) {
-      const int stage = j % kStages;
-      const int prev = (j - 1) % kStages;
+      const int stage = ring.stage(j);
+      const int prev = ring.stage(j - 1);
       score_factors(j, c);  // loads issued before the waits: their latency hides there
-      mbar_wait(&sm.full[stage], (j / kStages) & 1);
+      mbar_wait(&sm.full[stage], ring.parity(j));
       v_descs(prev, dv);
       turn_begin();
       wgmma_fence();
@@ -309,7 +351,10 @@ __device__ void consume(const FwdParams& p, FwdSmem<D>& sm, int cw, int batch, i
       pack_p(s, pa);
     }
 
-    const int last = (n_blocks - 1) % kStages;
+    // Every S GEMM of the tile is done: the producer may load the next tile's Q.
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&sm.q_empty);
+    const int last = ring.stage(n_blocks - 1);
     v_descs(last, dv);
     turn_begin();
     wgmma_fence();
@@ -359,19 +404,29 @@ __device__ void consume(const FwdParams& p, FwdSmem<D>& sm, int cw, int batch, i
 }
 
 template <int D>
+__device__ void consume(const FwdParams& p, FwdSmem<D>& sm, int cw) {
+  Ring ring;
+  int q_uses = 0;
+  for (int t = blockIdx.x; t < num_tiles(p); t += gridDim.x) {
+    const Tile tile = tile_at(p, t);
+    const int n_blocks = key_blocks<block_n<D>()>(p, tile.m_tile * kBlockM);
+    consume_tile<D>(p, sm, cw, tile.batch, tile.head, tile.head / (p.h / p.h_kv), tile.m_tile,
+                    n_blocks, ring, q_uses);
+    ring.it += n_blocks;
+    q_uses += n_blocks > 0;
+  }
+}
+
+// Persistent: gridDim.x CTAs (at most one per SM) walk the tiles of tile_at().
+template <int D>
 __global__ void __launch_bounds__(kThreads, 1) fwd_fp8_kernel(const __grid_constant__ FwdParams p) {
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<FwdSmem<D>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                             ~uintptr_t(1023));
   const int wg = threadIdx.x / 128;
-  // Causal: the longest query tiles first, so the tail of the grid is short work.
-  const int m_tile = p.causal ? p.m_tiles - 1 - int(blockIdx.x) : int(blockIdx.x);
-  const int head = blockIdx.y, batch = blockIdx.z;
-  const int kv_head = head / (p.h / p.h_kv);
-  const int n_blocks = key_blocks<block_n<D>()>(p, m_tile * kBlockM);
-
   if (threadIdx.x == 0) {
     mbar_init(&sm.q_full, 1);
+    mbar_init(&sm.q_empty, 8);  // one arrival per consumer warp
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&sm.full[s], 1);
       mbar_init(&sm.empty[s], 8);  // one arrival per consumer warp
@@ -382,12 +437,10 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_fp8_kernel(const __grid_const
 
   if (wg == 0) {
     setmaxnreg_dec<24>();  // frees 128 x 144 registers: exactly what the consumers add
-    if (threadIdx.x == 0 && n_blocks > 0) {
-      produce<D>(p, sm, batch * p.h + head, batch * p.h_kv + kv_head, m_tile * kBlockM, n_blocks);
-    }
+    if (threadIdx.x == 0) produce<D>(p, sm);
   } else {
     setmaxnreg_inc<240>();
-    consume<D>(p, sm, wg - 1, batch, head, kv_head, m_tile, n_blocks);
+    consume<D>(p, sm, wg - 1);
   }
 }
 

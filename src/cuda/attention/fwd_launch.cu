@@ -4,6 +4,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -74,7 +75,13 @@ Status launch(const FwdParams& p, cudaStream_t stream) {
   FP4ATTN_RETURN_IF_ERROR(
       cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                   "fwd kernel shared memory"));
-  const dim3 grid(p.m_tiles, p.h, p.b);
+  // Persistent: one CTA per SM at most (the kernel walks the tiles).
+  int dev = 0, sms = 0;
+  FP4ATTN_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&dev), "device"));
+  FP4ATTN_RETURN_IF_ERROR(
+      cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "device"));
+  const int64_t tiles = int64_t(p.m_tiles) * p.h * p.b;
+  const dim3 grid(unsigned(std::min<int64_t>(tiles, sms)));
   kernel<<<grid, sm90::kThreads, smem, stream>>>(p);
   return cuda_status(cudaGetLastError(), "fwd kernel launch");
 }
@@ -118,7 +125,8 @@ Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardO
   FP4ATTN_RETURN_IF_ERROR(
       make_map(&p.tm_q, in.q_data.data, d, sh.s_q, sh.b * sh.h, d, sm90::kBlockM, "q_data"));
   FP4ATTN_RETURN_IF_ERROR(make_map(&p.tm_k, k_base, d, s_k1, no_keys ? 1 : sh.b * sh.h_kv, d,
-                                   d == 128 ? 128 : 256, "k_data"));
+                                   d == 128 ? sm90::block_n<128>() : sm90::block_n<64>(),
+                                   "k_data"));
   FP4ATTN_RETURN_IF_ERROR(make_map(&p.tm_v, v_base, v_pitch, no_keys ? 1 : d,
                                    no_keys ? 1 : sh.b * sh.h_kv, sm90::kScaleTile, d, "v_data"));
   p.q_scale = in.q_scale.as<float>();
