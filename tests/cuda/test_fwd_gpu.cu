@@ -325,6 +325,45 @@ TEST(FwdGpu, Fp16OutputAndOperandEntryPoint) {
   EXPECT_EQ(eb.nan_mismatch, 0);
 }
 
+// O with strides TMA cannot use (row stride not a multiple of 16 bytes) takes the epilogue's
+// register-store path: the same bits as the TMA-store path on a contiguous O, padding untouched.
+TEST(FwdGpu, StridedOutputMatchesContiguous) {
+  SKIP_WITHOUT_GPU();
+  const Problem pb{2, 200, 300, 4, 2, 64, true};
+  std::mt19937_64 rng(fresh_seed());
+  const auto q = random_bf16(pb.b * pb.s_q * pb.h * pb.d, rng);
+  const auto k = random_bf16(pb.b * pb.s_k * pb.h_kv * pb.d, rng);
+  const auto v = random_bf16(pb.b * pb.s_k * pb.h_kv * pb.d, rng);
+  Result dense;
+  ASSERT_TRUE(run_gpu(pb, q, k, v, DType::kBF16, &dense).ok());
+
+  const int64_t row = pb.h * pb.d + 2;  // elements per (b, s) row: 4-byte aligned, not 16
+  DeviceArray<uint16_t> dq(q.size()), dk(k.size()), dv(v.size()), dout(pb.b * pb.s_q * row);
+  dq.upload(q);
+  dk.upload(k);
+  dv.upload(v);
+  dout.poison(0xFF);
+  ForwardOptions opt;
+  opt.causal = pb.causal;
+  const TensorView o = make_strided_view(dout.ptr, DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d},
+                                         {pb.s_q * row, row, pb.d, 1});
+  const Status st = attention_forward_cuda(
+      make_view(dq.ptr, DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d}),
+      make_view(dk.ptr, DType::kBF16, {pb.b, pb.s_k, pb.h_kv, pb.d}),
+      make_view(dv.ptr, DType::kBF16, {pb.b, pb.s_k, pb.h_kv, pb.d}), opt, o, {}, nullptr);
+  ASSERT_TRUE(st.ok()) << st.message();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<uint16_t> got = dout.download();
+  int64_t differ = 0, pad_touched = 0;
+  for (int64_t r = 0; r < pb.b * pb.s_q; ++r) {
+    for (int64_t e = 0; e < pb.h * pb.d; ++e)
+      differ += got[r * row + e] != dense.o[r * pb.h * pb.d + e];
+    pad_touched += got[r * row + row - 1] != 0xFFFF || got[r * row + row - 2] != 0xFFFF;
+  }
+  EXPECT_EQ(differ, 0);
+  EXPECT_EQ(pad_touched, 0);
+}
+
 // A NaN in one key poisons the rows that read its 128-key scale tile
 // (numerics.md: NaN is data); the golden model says which, and the GPU must
 // agree position for position.

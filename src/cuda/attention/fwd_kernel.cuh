@@ -36,6 +36,8 @@ struct alignas(1024) FwdSmem {
   uint8_t q[kBlockM * D];
   uint8_t k[kStages][N * D];
   uint8_t v[kStages][N / kScaleTile][D * kScaleTile];  // V^T in 128-key boxes
+  // Output staging per consumer warpgroup: D / 64 boxes of 64 rows x 128 bytes, 128-byte swizzle.
+  uint8_t out[2][64 * D * 2];
   uint64_t q_full;
   uint64_t q_empty;  // both consumer warpgroups are done reading Q
   uint64_t full[kStages];
@@ -133,6 +135,8 @@ struct Frag {
 // Named barriers 1 and 2: the two consumer warpgroups take turns issuing their GEMMs (barrier 0
 // is __syncthreads).
 constexpr int kTurnBarrier = 1;
+// Named barriers 3 and 4: one consumer warpgroup's epilogue staging.
+constexpr int kEpilogueBarrier = 3;
 
 template <int D, int SN>
 __device__ __forceinline__ void issue_qk(float (&s)[SN], uint64_t desc_q, uint64_t desc_k) {
@@ -378,21 +382,57 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D>& sm, int cw, int bat
     lse[h2] = empty ? INFINITY : (st.m[h2] - kPLift + log2f(l)) * 0.69314718055994531f;
   }
   const float* v_scale = p.v_scale + int64_t(bh_kv) * D;
-#pragma unroll
-  for (int i = 0; i < kON; i += 2) {
-    const int row = rows[Frag::half(i)];
-    if (row >= p.s_q) continue;
+  auto out_pair = [&](int i, float& v0, float& v1) {
     const int ch = Frag::col(i, t);
     const float f = inv[Frag::half(i)];
-    const float v0 = o[i] * f * v_scale[ch];
-    const float v1 = o[i + 1] * f * v_scale[ch + 1];
-    const int64_t off = int64_t(batch) * p.o_stride_b + int64_t(row) * p.o_stride_s +
-                        int64_t(head) * p.o_stride_h + ch;
+    v0 = o[i] * f * v_scale[ch];
+    v1 = o[i + 1] * f * v_scale[ch + 1];
+  };
+  auto pack2 = [&](float v0, float v1) {
     if (p.out_fp16) {
-      *reinterpret_cast<__half2*>(static_cast<__half*>(p.o) + off) = __floats2half2_rn(v0, v1);
-    } else {
-      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.o) + off) =
-          __floats2bfloat162_rn(v0, v1);
+      const __half2 h = __floats2half2_rn(v0, v1);
+      return *reinterpret_cast<const uint32_t*>(&h);
+    }
+    const __nv_bfloat162 b = __floats2bfloat162_rn(v0, v1);
+    return *reinterpret_cast<const uint32_t*>(&b);
+  };
+  if (p.o_tma) {
+    // Stage the 64 x D tile in shared memory (swizzled: conflict-free), then one thread stores it
+    // with TMA, which also drops the rows past s_q. The previous tile's store must have finished
+    // reading the buffer first.
+    const int tid_wg = threadIdx.x % 128;
+    if (tid_wg == 0) bulk_wait_read();
+    named_barrier_sync(kEpilogueBarrier + cw, 128);
+    uint8_t* out = sm.out[cw];
+#pragma unroll
+    for (int i = 0; i < kON; i += 2) {
+      float v0, v1;
+      out_pair(i, v0, v1);
+      const int r = r0 + 8 * Frag::half(i);
+      const int c = Frag::col(i, t);  // even: a 4-byte pair
+      const int box = c / 64, cb = (c % 64) * 2;
+      const int off = box * 64 * 128 + r * 128 + ((((cb >> 4) ^ (r & 7))) << 4) + (cb & 15);
+      *reinterpret_cast<uint32_t*>(out + off) = pack2(v0, v1);
+    }
+    fence_async_shared();
+    named_barrier_sync(kEpilogueBarrier + cw, 128);
+    if (tid_wg == 0) {
+#pragma unroll
+      for (int box = 0; box < D / 64; ++box) {
+        tma_store_4d(&p.tm_o, out + box * 64 * 128, box * 64, m0 + cw * 64, head, batch);
+      }
+      bulk_commit();
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kON; i += 2) {
+      const int row = rows[Frag::half(i)];
+      if (row >= p.s_q) continue;
+      float v0, v1;
+      out_pair(i, v0, v1);
+      const int64_t off = int64_t(batch) * p.o_stride_b + int64_t(row) * p.o_stride_s +
+                          int64_t(head) * p.o_stride_h + Frag::col(i, t);
+      *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(p.o) + off) = pack2(v0, v1);
     }
   }
   if (p.lse != nullptr && t == 0) {
@@ -415,6 +455,8 @@ __device__ void consume(const FwdParams& p, FwdSmem<D>& sm, int cw) {
     ring.it += n_blocks;
     q_uses += n_blocks > 0;
   }
+  // The CTA's shared memory must outlive the last TMA store's reads.
+  if (p.o_tma && threadIdx.x % 128 == 0) bulk_wait_read();
 }
 
 // Persistent: gridDim.x CTAs (at most one per SM) walk the tiles of tile_at().

@@ -68,6 +68,24 @@ Status make_map(CUtensorMap* map, const void* base, int64_t inner, int64_t mid, 
   return Status::Ok();
 }
 
+// O (b, s_q, h, d) as a TMA store target: 2-byte elements, (d, s_q, h, b) with byte strides that
+// TMA accepts (multiples of 16, base 16-byte aligned); 64 x 64 boxes, 128-byte swizzle. Returns
+// false when O's layout does not allow it (the kernel then stores from registers).
+bool make_out_map(CUtensorMap* map, const TensorView& o) {
+  EncodeTiledFn fn = encode_tiled();
+  if (fn == nullptr) return false;
+  const int64_t sb = o.stride[0] * 2, ss = o.stride[1] * 2, sh = o.stride[2] * 2;
+  if (reinterpret_cast<uintptr_t>(o.data) % 16 || ss % 16 || sh % 16 || sb % 16) return false;
+  const cuuint64_t dims[4] = {cuuint64_t(o.shape[3]), cuuint64_t(o.shape[1]),
+                              cuuint64_t(o.shape[2]), cuuint64_t(o.shape[0])};
+  const cuuint64_t strides[3] = {cuuint64_t(ss), cuuint64_t(sh), cuuint64_t(sb)};
+  const cuuint32_t box[4] = {64, 64, 1, 1};
+  const cuuint32_t estride[4] = {1, 1, 1, 1};
+  return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, o.data, dims, strides, box, estride,
+            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+            CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <int D>
 Status launch(const FwdParams& p, cudaStream_t stream) {
   auto kernel = sm90::fwd_fp8_kernel<D>;
@@ -133,6 +151,7 @@ Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardO
   p.k_scale = in.k_scale.as<float>();
   p.v_scale = in.v_scale.as<float>();
   p.o = o.data;
+  p.o_tma = make_out_map(&p.tm_o, o) ? 1 : 0;
   p.o_stride_b = o.stride[0];
   p.o_stride_s = o.stride[1];
   p.o_stride_h = o.stride[2];

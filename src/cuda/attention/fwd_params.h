@@ -19,6 +19,10 @@ struct FwdParams {
   CUtensorMap tm_q;
   CUtensorMap tm_k;
   CUtensorMap tm_v;
+  // O as (d, s_q, h, b) 2-byte elements in 64 x 64 boxes with the 128-byte swizzle; used when
+  // o_tma (O's strides and base allow TMA), else the epilogue stores from registers.
+  CUtensorMap tm_o;
+  int o_tma;
   const float* q_scale;                        // [b, h, m_tiles]
   const float* k_scale;                        // [b, h_kv, n_tiles]
   const float* v_scale;                        // [b, h_kv, d]
