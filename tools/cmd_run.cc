@@ -13,6 +13,7 @@
 #include "fp4attn/metrics.h"
 #include "fp4attn/reference.h"
 #include "fp4attn/suite.h"
+#include "gpu/run_gpu.h"
 
 namespace fp4attn::cli {
 namespace {
@@ -32,7 +33,9 @@ const std::vector<FlagSpec> kRunFlags = {
     {"smooth-k", false, "subtract the key mean per head before quantizing K", ""},
     {"emulation", true, "'folded' (Hopper, E4M3 operands) or 'exact' (Blackwell block-scaled)",
      "folded"},
-    {"backend", true, "'auto' or 'cpu' (the golden model)", "auto"},
+    {"backend", true,
+     "'auto' (the GPU engine where it runs the recipe, else the golden model), 'gpu' or 'cpu'",
+     "auto"},
     {"json", true, "also write the results as JSON to this file", ""},
     {"help", false, "show this help", ""},
 };
@@ -121,20 +124,23 @@ void write_json(const std::string& path, const Problem& p, const std::vector<Row
   f << "{\"suite\": \"accuracy\", \"command\": \"" << command << "\",\n \"records\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
+    // The GPU backend does not count P underflow: null.
+    const std::string p_zero =
+        std::isnan(r.p_zero_pct) ? "null" : std::to_string(r.p_zero_pct).substr(0, 10);
     char buf[768];
     std::snprintf(buf, sizeof buf,
                   "%s\n  {\"recipe\": \"%s\", \"input\": \"%s\", \"backend\": \"%s\", \"b\": %lld, "
                   "\"h\": %lld, \"h_kv\": %lld, \"s_q\": %lld, \"s_k\": %lld, \"d\": %lld, "
                   "\"causal\": %s, \"cos\": %.6f, \"rel_l2\": %.6f, \"rel_l1\": %.6f, "
                   "\"rmse\": %.6e, \"max_abs\": %.6e, \"lse_max_err\": %.6e, "
-                  "\"p_zero_pct\": %.4f, \"nan_mismatch\": %lld, \"inf_mismatch\": %lld, "
+                  "\"p_zero_pct\": %s, \"nan_mismatch\": %lld, \"inf_mismatch\": %lld, "
                   "\"ms\": %.3f}",
                   i ? "," : "", r.recipe.c_str(), r.input.c_str(), r.backend.c_str(),
                   (long long)p.b, (long long)p.h, (long long)p.h_kv, (long long)p.s_q,
                   (long long)p.s_k, (long long)p.d, p.causal ? "true" : "false", r.vs_f64.cos,
                   r.vs_f64.rel_l2, r.vs_f64.rel_l1, r.vs_f64.rmse, r.vs_f64.max_abs, r.lse_max_err,
-                  r.p_zero_pct, (long long)r.vs_f64.nan_mismatch, (long long)r.vs_f64.inf_mismatch,
-                  r.ms);
+                  p_zero.c_str(), (long long)r.vs_f64.nan_mismatch,
+                  (long long)r.vs_f64.inf_mismatch, r.ms);
     f << buf;
   }
   f << "\n]}\n";
@@ -160,16 +166,26 @@ int cmd_run(const std::vector<std::string>& argv) {
     throw UsageError("--emulation: expected folded or exact, got '" + emu + "'");
   }
   const std::string backend = a.get("backend", "auto");
-  if (backend != "auto" && backend != "cpu") {
-    throw UsageError("--backend: expected auto or cpu, got '" + backend + "'");
+  if (backend != "auto" && backend != "cpu" && backend != "gpu") {
+    throw UsageError("--backend: expected auto, gpu or cpu, got '" + backend + "'");
   }
+  // Per recipe: the GPU engine when asked for (or, with auto, when it can run the recipe here).
+  auto use_gpu = [&](Recipe r) {
+    if (backend == "cpu") return false;
+    const std::string why = gpu_unavailable_reason(r);
+    if (backend == "gpu" && !why.empty()) throw UsageError("--backend gpu: " + why);
+    return why.empty();
+  };
+  for (Recipe r : recipes) (void)use_gpu(r);  // reject --backend gpu before any work
 
   std::printf("fp4attn run: b=%lld h=%lld h_kv=%lld s_q=%lld s_k=%lld d=%lld %s, seed %llu\n",
               (long long)p.b, (long long)p.h, (long long)p.h_kv, (long long)p.s_q, (long long)p.s_k,
               (long long)p.d, p.causal ? "causal" : "non-causal", (unsigned long long)seed);
+  const std::string gpu_note = gpu_unavailable_reason(Recipe::kFp8);
   std::printf(
-      "backend: cpu-golden (this build has no GPU kernels yet; the golden model defines "
-      "each recipe)\n");
+      "backends: gpu-sm90 = the Hopper engine (BF16 in/out, time = quantization + kernel)"
+      "%s; cpu-golden = the golden model that defines each recipe\n",
+      gpu_note.empty() ? "" : (" - unavailable: " + gpu_note).c_str());
   std::printf("errors against float64 attention of the same inputs\n\n");
   std::printf("%-11s %-13s %-11s %8s %8s %8s %9s %9s %9s %7s %9s\n", "recipe", "input", "backend",
               "cos", "rel_l2", "rel_l1", "rmse", "max_abs", "lse_err", "p_zero%", "ms");
@@ -196,19 +212,28 @@ int cmd_run(const std::vector<std::string>& argv) {
       opt.emulation = emu == "exact" ? Emulation::kBlockScaledExact : Emulation::kFoldedE4M3;
       std::vector<double> o(o_ref.size()), lse(lse_ref.size());
       RecipeStats stats;
-      const auto t0 = std::chrono::steady_clock::now();
-      st = golden_attention_forward(q, k, v, opt,
-                                    make_view(o.data(), DType::kF64, {p.b, p.s_q, p.h, p.d}),
-                                    make_view(lse.data(), DType::kF64, {p.b, p.h, p.s_q}), &stats);
-      const auto t1 = std::chrono::steady_clock::now();
+      const TensorView o_v = make_view(o.data(), DType::kF64, {p.b, p.s_q, p.h, p.d});
+      const TensorView lse_v = make_view(lse.data(), DType::kF64, {p.b, p.h, p.s_q});
+      const bool gpu = use_gpu(r) && !opt.smooth_k && emu == "folded";
+      double ms = 0;
+      if (gpu) {
+        st = run_attention_gpu(q, k, v, r, p.causal, p.softmax_scale, o_v, lse_v, &ms);
+      } else {
+        const auto t0 = std::chrono::steady_clock::now();
+        st = golden_attention_forward(q, k, v, opt, o_v, lse_v, &stats);
+        ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                 .count();
+      }
       if (!st.ok()) throw UsageError(st.message());
       Row row{recipe_name(r),
               input_kind_name(kind),
-              "cpu-golden",
+              gpu ? "gpu-sm90" : "cpu-golden",
               compare(o.data(), o_ref.data(), static_cast<int64_t>(o.size())),
               lse_max_err(lse, lse_ref),
-              stats.p_elements ? 100.0 * stats.p_zero / stats.p_elements : 0.0,
-              std::chrono::duration<double, std::milli>(t1 - t0).count()};
+              gpu                ? NAN
+              : stats.p_elements ? 100.0 * stats.p_zero / stats.p_elements
+                                 : 0.0,
+              ms};
       print_row(row);
       std::fflush(stdout);
       rows.push_back(row);
