@@ -11,6 +11,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 #include "fp4attn/attention.h"
 
 namespace fp4attn {
@@ -24,8 +26,19 @@ Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardO
 // q [b, s_q, h, d], k/v [b, s_k, h_kv, d]: BF16 or FP16 BSHD (d contiguous), h % h_kv == 0,
 // d 64 or 128. o and lse as above.
 Status attention_forward_cuda(const TensorView& q, const TensorView& k, const TensorView& v,
-                              const ForwardOptions& opt, const TensorView& o,
-                              const TensorView& lse, cudaStream_t stream);
+                              const ForwardOptions& opt, const TensorView& o, const TensorView& lse,
+                              cudaStream_t stream);
+
+// Varlen batches in FlashAttention's convention: q [total_q, h, d], k/v [total_k, h_kv, d]
+// (BF16/FP16, d contiguous), sequence i = tokens [cu_seqlens[i], cu_seqlens[i + 1]). The offsets
+// are HOST int32 arrays of batch + 1 entries (starting at 0, non-decreasing): this first version
+// quantizes and runs each sequence on its own (one set of launches per sequence; an in-kernel
+// varlen schedule is planned). o [total_q, h, d]; lse FP32 [h, total_q] (any strides with the last
+// one 1) or undefined. Per-sequence scales, as the dense path's per-(batch, head) ones.
+Status attention_forward_varlen_cuda(const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                                     int64_t batch, const ForwardOptions& opt, const TensorView& o,
+                                     const TensorView& lse, cudaStream_t stream);
 
 // Whether the current CUDA device can run the engine (compute capability 9.0); the message says
 // why not.

@@ -66,7 +66,14 @@ Status check_outputs(const TensorView& o, const TensorView& lse, const ForwardSh
   }
   FP4ATTN_RETURN_IF_ERROR(check_aligned(o.data, "o", 4));
   if (lse.defined()) {
-    FP4ATTN_RETURN_IF_ERROR(check_contiguous(lse, "lse", {sh.b, sh.h, sh.s_q}, DType::kF32));
+    FP4ATTN_RETURN_IF_ERROR(check_rank(lse, "lse", 3, "(batch, heads, seqlen_q)"));
+    FP4ATTN_RETURN_IF_ERROR(check_dtype(lse, "lse", {DType::kF32}));
+    FP4ATTN_RETURN_IF_ERROR(check_not_null(lse, "lse"));
+    FP4ATTN_RETURN_IF_ERROR(check_strides(lse, "lse"));
+    if (lse.shape[0] != sh.b || lse.shape[1] != sh.h || lse.shape[2] != sh.s_q) {
+      return Status::Invalid("lse: expected shape (" + str(sh.b) + ", " + str(sh.h) + ", " +
+                             str(sh.s_q) + "), got " + lse.shape_str());
+    }
   }
   return Status::Ok();
 }
@@ -195,6 +202,74 @@ Status validate_forward_inputs(const TensorView& q, const TensorView& k, const T
                            dtype_name(q.dtype));
   }
   *shape = sh;
+  return Status::Ok();
+}
+
+Status validate_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                               int64_t batch, const ForwardOptions& opt, const TensorView& o,
+                               const TensorView& lse) {
+  FP4ATTN_RETURN_IF_ERROR(check_options(opt));
+  const char* names[4] = {"q", "k", "v", "o"};
+  const TensorView* ts[4] = {&q, &k, &v, &o};
+  for (int i = 0; i < 4; ++i) {
+    FP4ATTN_RETURN_IF_ERROR(check_rank(*ts[i], names[i], 3, "(total_tokens, heads, head_dim)"));
+    FP4ATTN_RETURN_IF_ERROR(check_dtype(*ts[i], names[i], {DType::kBF16, DType::kF16}));
+    FP4ATTN_RETURN_IF_ERROR(check_strides(*ts[i], names[i]));
+  }
+  if (batch < 0) return Status::Invalid("batch: expected >= 0, got " + str(batch));
+  if (batch > 0 && (cu_seqlens_q == nullptr || cu_seqlens_k == nullptr)) {
+    return Status::Invalid("cu_seqlens_q: expected host arrays of batch + 1 offsets");
+  }
+  const int64_t total_q = q.shape[0], total_k = k.shape[0];
+  const char* cu_names[2] = {"cu_seqlens_q", "cu_seqlens_k"};
+  const int32_t* cus[2] = {cu_seqlens_q, cu_seqlens_k};
+  const int64_t totals[2] = {total_q, total_k};
+  for (int c = 0; c < 2 && batch > 0; ++c) {
+    if (cus[c][0] != 0) return Status::Invalid(std::string(cu_names[c]) + ": must start at 0");
+    for (int64_t i = 0; i < batch; ++i) {
+      if (cus[c][i + 1] < cus[c][i]) {
+        return Status::Invalid(std::string(cu_names[c]) + ": offsets must not decrease (entry " +
+                               str(i + 1) + ")");
+      }
+    }
+    if (cus[c][batch] > totals[c]) {
+      return Status::Invalid(std::string(cu_names[c]) + ": last offset " + str(cus[c][batch]) +
+                             " exceeds the " + str(totals[c]) + " tokens of " +
+                             (c == 0 ? "q" : "k"));
+    }
+  }
+  const int64_t h = q.shape[1], d = q.shape[2], h_kv = k.shape[1];
+  FP4ATTN_RETURN_IF_ERROR(check_head_dim(d, "q"));
+  FP4ATTN_RETURN_IF_ERROR(check_heads(h, h_kv));
+  for (int i = 1; i < 3; ++i) {
+    if (ts[i]->dtype != q.dtype) {
+      return Status::Invalid(std::string(names[i]) + ": dtype " + dtype_name(ts[i]->dtype) +
+                             " differs from q's " + dtype_name(q.dtype));
+    }
+    if (ts[i]->shape[2] != d) {
+      return Status::Invalid(std::string(names[i]) + ": head_dim " + str(ts[i]->shape[2]) +
+                             " differs from q's " + str(d));
+    }
+  }
+  if (v.shape[0] != total_k || v.shape[1] != h_kv) {
+    return Status::Invalid("v: expected (total_k, heads) = (" + str(total_k) + ", " + str(h_kv) +
+                           ") like k, got " + v.shape_str());
+  }
+  if (o.shape[0] != total_q || o.shape[1] != h || o.shape[2] != d || o.dtype != q.dtype) {
+    return Status::Invalid("o: expected " + std::string(dtype_name(q.dtype)) + " (" + str(total_q) +
+                           ", " + str(h) + ", " + str(d) + "), got " + dtype_name(o.dtype) + " " +
+                           o.shape_str());
+  }
+  if (lse.defined()) {
+    FP4ATTN_RETURN_IF_ERROR(check_rank(lse, "lse", 2, "(heads, total_q)"));
+    FP4ATTN_RETURN_IF_ERROR(check_dtype(lse, "lse", {DType::kF32}));
+    FP4ATTN_RETURN_IF_ERROR(check_strides(lse, "lse"));
+    if (lse.shape[0] != h || lse.shape[1] != total_q) {
+      return Status::Invalid("lse: expected shape (" + str(h) + ", " + str(total_q) + "), got " +
+                             lse.shape_str());
+    }
+  }
   return Status::Ok();
 }
 

@@ -3,6 +3,8 @@
 // machines without a GPU.
 #pragma once
 
+#include <cstdint>
+
 #include "fp4attn/attention.h"
 
 namespace fp4attn {
@@ -24,5 +26,11 @@ Status validate_forward_operands(const ForwardOperands& in, const ForwardOptions
 Status validate_forward_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                                const ForwardOptions& opt, const TensorView& o,
                                const TensorView& lse, ForwardShape* shape);
+
+// Checks the varlen entry point's arguments (attention_cuda.h).
+Status validate_forward_varlen(const TensorView& q, const TensorView& k, const TensorView& v,
+                               const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                               int64_t batch, const ForwardOptions& opt, const TensorView& o,
+                               const TensorView& lse);
 
 }  // namespace fp4attn

@@ -151,5 +151,28 @@ TEST(ValidateForward, RejectsBadBshdInputs) {
   expect_error(validate_forward_inputs(strided, q, q, {}, o, {}, &sh), "q");
 }
 
+TEST(ValidateForward, RejectsBadVarlenInputs) {
+  const int64_t total = 40, h = 4, d = 64;
+  std::vector<uint16_t> buf(total * h * d);
+  const TensorView t = make_view(buf.data(), DType::kBF16, {total, h, d});
+  std::vector<float> lse(h * total);
+  const TensorView l = make_view(lse.data(), DType::kF32, {h, total});
+  const int32_t good[3] = {0, 10, 40};
+  EXPECT_TRUE(validate_forward_varlen(t, t, t, good, good, 2, {}, t, l).ok());
+  const int32_t not_zero[3] = {1, 10, 40};
+  expect_error(validate_forward_varlen(t, t, t, not_zero, good, 2, {}, t, l),
+               "cu_seqlens_q: must start at 0");
+  const int32_t decreasing[3] = {0, 30, 20};
+  expect_error(validate_forward_varlen(t, t, t, good, decreasing, 2, {}, t, l),
+               "cu_seqlens_k: offsets must not decrease");
+  const int32_t too_long[3] = {0, 10, 41};
+  expect_error(validate_forward_varlen(t, t, t, too_long, good, 2, {}, t, l), "exceeds");
+  expect_error(validate_forward_varlen(t, t, t, nullptr, good, 2, {}, t, l), "cu_seqlens_q");
+  const TensorView l_bad = make_view(lse.data(), DType::kF32, {total, h});
+  expect_error(validate_forward_varlen(t, t, t, good, good, 2, {}, t, l_bad), "lse");
+  const TensorView rank4 = make_view(buf.data(), DType::kBF16, {1, total, h, d});
+  expect_error(validate_forward_varlen(rank4, t, t, good, good, 2, {}, t, l), "q");
+}
+
 }  // namespace
 }  // namespace fp4attn

@@ -438,7 +438,10 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D>& sm, int cw, int bat
   if (p.lse != nullptr && t == 0) {
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
-      if (rows[h2] < p.s_q) p.lse[int64_t(bh) * p.s_q + rows[h2]] = lse[h2];
+      if (rows[h2] < p.s_q) {
+        p.lse[int64_t(batch) * p.lse_stride_b + int64_t(head) * p.lse_stride_h + rows[h2]] =
+            lse[h2];
+      }
     }
   }
 }

@@ -156,6 +156,8 @@ Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardO
   p.o_stride_s = o.stride[1];
   p.o_stride_h = o.stride[2];
   p.lse = lse.defined() ? lse.as<float>() : nullptr;
+  p.lse_stride_b = lse.defined() ? lse.stride[0] : 0;
+  p.lse_stride_h = lse.defined() ? lse.stride[1] : 0;
   p.b = int(sh.b);
   p.h = int(sh.h);
   p.h_kv = int(sh.h_kv);
@@ -220,6 +222,37 @@ Status attention_forward_cuda(const TensorView& q, const TensorView& k, const Te
   const cudaError_t e = cudaFreeAsync(scratch, stream);
   if (st.ok()) st = cuda_status(e, "operand scratch");
   return st;
+}
+
+Status attention_forward_varlen_cuda(const TensorView& q, const TensorView& k, const TensorView& v,
+                                     const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k,
+                                     int64_t batch, const ForwardOptions& opt, const TensorView& o,
+                                     const TensorView& lse, cudaStream_t stream) {
+  FP4ATTN_RETURN_IF_ERROR(
+      validate_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, opt, o, lse));
+  FP4ATTN_RETURN_IF_ERROR(check_forward_device());
+  const int64_t h = q.shape[1], h_kv = k.shape[1], d = q.shape[2];
+  const int es = dtype_size(q.dtype);
+  // Sequence i as a batch of one: strided views into the packed tensors.
+  auto slice = [&](const TensorView& t, int64_t start, int64_t len, int64_t heads) {
+    return make_strided_view(static_cast<uint8_t*>(t.data) + start * t.stride[0] * es, t.dtype,
+                             {1, len, heads, d}, {len * t.stride[0], t.stride[0], t.stride[1], 1});
+  };
+  for (int64_t i = 0; i < batch; ++i) {
+    const int64_t q0 = cu_seqlens_q[i], sq = cu_seqlens_q[i + 1] - q0;
+    const int64_t k0 = cu_seqlens_k[i], sk = cu_seqlens_k[i + 1] - k0;
+    if (sq == 0) continue;
+    TensorView lse_i;
+    if (lse.defined()) {
+      lse_i = make_strided_view(lse.as<float>() + q0 * lse.stride[1], DType::kF32, {1, h, sq},
+                                {h * lse.stride[0], lse.stride[0], lse.stride[1]});
+    }
+    const Status st =
+        attention_forward_cuda(slice(q, q0, sq, h), slice(k, k0, sk, h_kv), slice(v, k0, sk, h_kv),
+                               opt, slice(o, q0, sq, h), lse_i, stream);
+    if (!st.ok()) return Status::Invalid("sequence " + std::to_string(i) + ": " + st.message());
+  }
+  return Status::Ok();
 }
 
 }  // namespace fp4attn

@@ -28,7 +28,8 @@ struct FwdParams {
   const float* v_scale;                        // [b, h_kv, d]
   void* o;                                     // [b, s_q, h, d] BF16/FP16
   int64_t o_stride_b, o_stride_s, o_stride_h;  // elements
-  float* lse;                                  // [b, h, s_q] or null
+  float* lse;                                  // [b, h, s_q] (row stride 1) or null
+  int64_t lse_stride_b, lse_stride_h;          // elements
   int b, h, h_kv, s_q, s_k;
   int m_tiles, n_tiles;  // ceil(s_q / 128), ceil(s_k / 128)
   float scale_log2;      // softmax_scale * log2(e)
