@@ -20,6 +20,16 @@
 
 namespace fp4attn::sm90 {
 
+// Experiment (off by default, see docs/kernels/fwd_sm90.md): the row sums of P come from the PV
+// MMA through 8 rows of ones appended to each V^T box (N = d + 8), instead of one FADD per score
+// element. They are then sums of the ROUNDED P, a different denominator from the golden fp8
+// recipe's unrounded one (measured on the golden model: equal or better accuracy).
+#ifndef FP4ATTN_FWD_ONES_SUM
+#define FP4ATTN_FWD_ONES_SUM 0
+#endif
+constexpr bool kOnesSum = FP4ATTN_FWD_ONES_SUM != 0;
+constexpr int kOnesBytes = kOnesSum ? 8 * 128 : 0;  // 8 rows of 128 keys of E4M3 1.0 per box
+
 // The FP8 P lift of numerics.md §4: P = 2^(z - m + 8) lands in (128, 256].
 constexpr float kPLift = 8.f;
 // Keys per pipeline stage. 128 at d = 128: a 64 x 256 S does not fit the registers beside O and
@@ -35,7 +45,7 @@ struct alignas(1024) FwdSmem {
   static constexpr int N = block_n<D>();
   uint8_t q[kBlockM * D];
   uint8_t k[kStages][N * D];
-  uint8_t v[kStages][N / kScaleTile][D * kScaleTile];  // V^T in 128-key boxes
+  uint8_t v[kStages][N / kScaleTile][D * kScaleTile + kOnesBytes];  // V^T in 128-key boxes
   // Output staging per consumer warpgroup: D / 64 boxes of 64 rows x 128 bytes, 128-byte swizzle.
   uint8_t out[2][64 * D * 2];
   uint64_t q_full;
@@ -152,16 +162,21 @@ __device__ __forceinline__ void issue_qk(float (&s)[SN], uint64_t desc_q, uint64
 }
 
 // O += P V over the block's keys; V^T arrives as 128-key boxes with their own descriptors.
-template <int D, int PS>
-__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pa)[PS][4],
+template <int D, int PS, int ON>
+__device__ __forceinline__ void issue_pv(float (&o)[ON], const uint32_t (&pa)[PS][4],
                                          const uint64_t (&desc_v)[PS / 4]) {
 #pragma unroll
   for (int kk = 0; kk < PS; ++kk) {
     const uint64_t desc = desc_v[kk / 4] + 2 * (kk % 4);
-    if constexpr (D == 128) {
+    if constexpr (ON == 64) {
       wgmma_m64n128k32_rs(o, pa[kk], desc, 1);
-    } else {
+    } else if constexpr (ON == 32) {
       wgmma_m64n64k32_rs(o, pa[kk], desc, 1);
+    } else if constexpr (ON == 68) {
+      wgmma_m64n136k32_rs(o, pa[kk], desc, 1);
+    } else {
+      static_assert(ON == 36, "O accumulator of d = 64 or 128 (+ 8 ones columns)");
+      wgmma_m64n72k32_rs(o, pa[kk], desc, 1);
     }
   }
   wgmma_commit();
@@ -223,26 +238,28 @@ __device__ __forceinline__ void softmax_block(float (&s)[SN], RowState& st, cons
     bias[h2] = kPLift - m_use;
   }
   // Four partial sums per row (the order of an FP32 sum is free: the golden denominator is
-  // exact).
+  // exact). With kOnesSum the PV MMA sums P instead.
   float sp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
   if (edge) {  // masked keys give exactly 0, even where c is 0 or NaN (-inf * c is NaN then)
 #pragma unroll
     for (int i = 0; i < SN; ++i) {
       const float e = fast_exp2(fmaf(s[i], c[Frag::tile(i)], bias[Frag::half(i)]));
       s[i] = mask.visible(n0 + Frag::col(i, t), rows[Frag::half(i)]) ? e : 0.f;
-      sp[Frag::half(i)][(i >> 2) & 3] += s[i];
+      if constexpr (!kOnesSum) sp[Frag::half(i)][(i >> 2) & 3] += s[i];
     }
   } else {
 #pragma unroll
     for (int i = 0; i < SN; ++i) {
       s[i] = fast_exp2(fmaf(s[i], c[Frag::tile(i)], bias[Frag::half(i)]));
-      sp[Frag::half(i)][(i >> 2) & 3] += s[i];
+      if constexpr (!kOnesSum) sp[Frag::half(i)][(i >> 2) & 3] += s[i];
     }
   }
+  if constexpr (!kOnesSum) {
 #pragma unroll
-  for (int h2 = 0; h2 < 2; ++h2) {
-    const float rs = (sp[h2][0] + sp[h2][1]) + (sp[h2][2] + sp[h2][3]);
-    st.l[h2] = fmaf(st.l[h2], alpha[h2], rs);
+    for (int h2 = 0; h2 < 2; ++h2) {
+      const float rs = (sp[h2][0] + sp[h2][1]) + (sp[h2][2] + sp[h2][3]);
+      st.l[h2] = fmaf(st.l[h2], alpha[h2], rs);
+    }
   }
 }
 
@@ -276,7 +293,8 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D>& sm, int cw, int bat
   constexpr int N = block_n<D>();
   constexpr int kSN = N / 2;       // S registers per thread (64 x N accumulator)
   constexpr int kPSteps = N / 32;  // k32 steps of the PV GEMM
-  constexpr int kON = D / 2;       // O registers per thread (64 x D accumulator)
+  // O registers per thread: the 64 x D accumulator, + 64 x 8 row sums of P with kOnesSum.
+  constexpr int kON = D / 2 + (kOnesSum ? 4 : 0);
   float o[kON];
 #pragma unroll
   for (int i = 0; i < kON; ++i) o[i] = 0.f;
@@ -335,7 +353,7 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D>& sm, int cw, int bat
       turn_begin();
       wgmma_fence();
       issue_qk<D, kSN>(s, desc_q, make_kmajor_desc(sm.k[stage], D));
-      issue_pv<D, kPSteps>(o, pa, dv);
+      issue_pv<D, kPSteps, kON>(o, pa, dv);
       turn_end(false);
       // S_j is ready while PV_{j-1} may still run: the softmax overlaps it.
       wgmma_wait<1>();
@@ -362,7 +380,7 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D>& sm, int cw, int bat
     v_descs(last, dv);
     turn_begin();
     wgmma_fence();
-    issue_pv<D, kPSteps>(o, pa, dv);
+    issue_pv<D, kPSteps, kON>(o, pa, dv);
     turn_end(true);
     wgmma_wait<0>();
     fence_regs(o);
@@ -374,9 +392,14 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D>& sm, int cw, int bat
   float inv[2], lse[2];
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) {
-    float l = st.l[h2];
-    l += __shfl_xor_sync(0xffffffff, l, 1);
-    l += __shfl_xor_sync(0xffffffff, l, 2);
+    float l;
+    if constexpr (kOnesSum) {
+      l = o[D / 2 + 2 * h2];  // column d of the ones block, this thread's row
+    } else {
+      l = st.l[h2];
+      l += __shfl_xor_sync(0xffffffff, l, 1);
+      l += __shfl_xor_sync(0xffffffff, l, 2);
+    }
     const bool empty = l == 0.f;
     inv[h2] = empty ? 0.f : 1.f / l;
     lse[h2] = empty ? INFINITY : (st.m[h2] - kPLift + log2f(l)) * 0.69314718055994531f;
@@ -405,7 +428,7 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D>& sm, int cw, int bat
     named_barrier_sync(kEpilogueBarrier + cw, 128);
     uint8_t* out = sm.out[cw];
 #pragma unroll
-    for (int i = 0; i < kON; i += 2) {
+    for (int i = 0; i < D / 2; i += 2) {
       float v0, v1;
       out_pair(i, v0, v1);
       const int r = r0 + 8 * Frag::half(i);
@@ -425,7 +448,7 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D>& sm, int cw, int bat
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < kON; i += 2) {
+    for (int i = 0; i < D / 2; i += 2) {
       const int row = rows[Frag::half(i)];
       if (row >= p.s_q) continue;
       float v0, v1;
@@ -477,6 +500,15 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_fp8_kernel(const __grid_const
       mbar_init(&sm.empty[s], 8);  // one arrival per consumer warp
     }
     fence_barrier_init();
+  }
+  if constexpr (kOnesSum) {  // the ones rows after every V^T box, read by the PV wgmma
+    constexpr int N = block_n<D>();
+    for (int i = threadIdx.x; i < kStages * (N / kScaleTile) * kOnesBytes / 4; i += kThreads) {
+      const int box = i / (kOnesBytes / 4), word = i % (kOnesBytes / 4);
+      reinterpret_cast<uint32_t*>(sm.v[box / (N / kScaleTile)][box % (N / kScaleTile)] +
+                                  D * kScaleTile)[word] = 0x38383838u;  // E4M3 1.0
+    }
+    fence_async_shared();
   }
   __syncthreads();
 
