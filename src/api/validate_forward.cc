@@ -34,9 +34,9 @@ Status check_aligned(const void* p, const char* name, int bytes) {
 
 Status check_options(const ForwardOptions& opt) {
   if (!forward_recipe_supported(opt.recipe)) {
-    return Status::Invalid(
-        std::string("recipe: '") + recipe_name(opt.recipe) +
-        "' does not run on the GPU engine yet (supported: fp8, nvfp4, nvfp4-hx, mxfp4)");
+    return Status::Invalid(std::string("recipe: '") + recipe_name(opt.recipe) +
+                           "' does not run on the GPU engine yet (supported: fp8, nvfp4, nvfp4-hx, "
+                           "mxfp4, nvfp4-fast)");
   }
   if (!std::isfinite(opt.softmax_scale) || opt.softmax_scale < 0) {
     return Status::Invalid(
@@ -107,11 +107,11 @@ Status check_sizes(const ForwardShape& sh) {
 
 }  // namespace
 
-// The recipes whose operands are scale-folded E4M3 Q/K with FP32 tile factors, E4M3 P with the 2^8
-// lift and per-channel E4M3 V: the engine computes all of them the same way (numerics.md §3-4).
+// The recipes whose operands are scale-folded E4M3 Q/K with FP32 tile factors and per-channel
+// E4M3 V, with P either from exp2 with the 2^8 lift or from the exp-free code map (nvfp4-fast).
 bool forward_recipe_supported(Recipe recipe) {
   return recipe == Recipe::kFp8 || recipe == Recipe::kNvfp4 || recipe == Recipe::kNvfp4Hx ||
-         recipe == Recipe::kMxfp4;
+         recipe == Recipe::kMxfp4 || recipe == Recipe::kNvfp4Fast;
 }
 
 Status validate_forward_operands(const ForwardOperands& in, const ForwardOptions& opt,

@@ -122,7 +122,7 @@ TEST(ValidateForward, RejectsBadOperands) {
 TEST(ValidateForward, RejectsBadOptions) {
   Operands ops;
   ForwardOptions opt;
-  opt.recipe = Recipe::kNvfp4Fast;
+  opt.recipe = Recipe::kNvfp4All;
   expect_error(ops.check(opt), "recipe");
   opt = {};
   opt.softmax_scale = -1;

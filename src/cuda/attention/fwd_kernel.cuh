@@ -27,8 +27,18 @@ namespace fp4attn::sm90 {
 #ifndef FP4ATTN_FWD_ONES_SUM
 #define FP4ATTN_FWD_ONES_SUM 0
 #endif
-constexpr bool kOnesSum = FP4ATTN_FWD_ONES_SUM != 0;
-constexpr int kOnesBytes = kOnesSum ? 8 * 128 : 0;  // 8 rows of 128 keys of E4M3 1.0 per box
+// How P is made: exp2 (fp8, nvfp4, nvfp4-hx, mxfp4) or the exp-free E4M3 code map (nvfp4-fast,
+// numerics.md §4: code = clamp(RNE(8 (z - m)) + 120, 0, 120), no MUFU, no conversion).
+enum PMode : int { kPExp2 = 0, kPCodes = 1 };
+// The code map's denominator is the sum of the rounded P, which the ones block computes.
+template <int PM>
+constexpr bool ones_sum() {
+  return PM == kPCodes || FP4ATTN_FWD_ONES_SUM != 0;
+}
+template <int PM>
+constexpr int ones_bytes() {
+  return ones_sum<PM>() ? 8 * 128 : 0;  // 8 rows of 128 keys of E4M3 1.0 per V^T box
+}
 
 // The FP8 P lift of numerics.md §4: P = 2^(z - m + 8) lands in (128, 256].
 constexpr float kPLift = 8.f;
@@ -40,12 +50,12 @@ constexpr int block_n() {
   return 128;
 }
 
-template <int D>
+template <int D, int PM>
 struct alignas(1024) FwdSmem {
   static constexpr int N = block_n<D>();
   uint8_t q[kBlockM * D];
   uint8_t k[kStages][N * D];
-  uint8_t v[kStages][N / kScaleTile][D * kScaleTile + kOnesBytes];  // V^T in 128-key boxes
+  uint8_t v[kStages][N / kScaleTile][D * kScaleTile + ones_bytes<PM>()];  // V^T in 128-key boxes
   // Output staging per consumer warpgroup: D / 64 boxes of 64 rows x 128 bytes, 128-byte swizzle.
   uint8_t out[2][64 * D * 2];
   uint64_t q_full;
@@ -54,9 +64,9 @@ struct alignas(1024) FwdSmem {
   uint64_t empty[kStages];
 };
 
-template <int D>
+template <int D, int PM>
 constexpr int fwd_smem_bytes() {
-  return sizeof(FwdSmem<D>) + 1024;  // + slack to align the dynamic base to 1024
+  return sizeof(FwdSmem<D, PM>) + 1024;  // + slack to align the dynamic base to 1024
 }
 
 // Keys the CTA's rows may see: [0, n_blocks * N).
@@ -100,8 +110,8 @@ struct Ring {
   __device__ __forceinline__ uint32_t parity(int j) const { return ((it + j) / kStages) & 1; }
 };
 
-template <int D>
-__device__ void produce(const FwdParams& p, FwdSmem<D>& sm) {
+template <int D, int PM>
+__device__ void produce(const FwdParams& p, FwdSmem<D, PM>& sm) {
   constexpr int N = block_n<D>();
   prefetch_tensor_map(&p.tm_q);
   prefetch_tensor_map(&p.tm_k);
@@ -200,7 +210,7 @@ struct Mask {
 // 128-key tile, m the integer log2 running max (NaN-ignoring, as the golden model), and the
 // unrounded row sums; returns the factors 2^(m_old - m_new) by which O must be scaled. Keys
 // outside the causal band or past s_k (`edge` blocks only) get P = 0.
-template <int SN>
+template <bool kOnes, int SN>
 __device__ __forceinline__ void softmax_block(float (&s)[SN], RowState& st, const float (&c)[2],
                                               bool edge, int n0, int t, const int (&rows)[2],
                                               const Mask& mask, float (&alpha)[2]) {
@@ -238,23 +248,23 @@ __device__ __forceinline__ void softmax_block(float (&s)[SN], RowState& st, cons
     bias[h2] = kPLift - m_use;
   }
   // Four partial sums per row (the order of an FP32 sum is free: the golden denominator is
-  // exact). With kOnesSum the PV MMA sums P instead.
+  // exact). With kOnes the PV MMA sums P instead.
   float sp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
   if (edge) {  // masked keys give exactly 0, even where c is 0 or NaN (-inf * c is NaN then)
 #pragma unroll
     for (int i = 0; i < SN; ++i) {
       const float e = fast_exp2(fmaf(s[i], c[Frag::tile(i)], bias[Frag::half(i)]));
       s[i] = mask.visible(n0 + Frag::col(i, t), rows[Frag::half(i)]) ? e : 0.f;
-      if constexpr (!kOnesSum) sp[Frag::half(i)][(i >> 2) & 3] += s[i];
+      if constexpr (!kOnes) sp[Frag::half(i)][(i >> 2) & 3] += s[i];
     }
   } else {
 #pragma unroll
     for (int i = 0; i < SN; ++i) {
       s[i] = fast_exp2(fmaf(s[i], c[Frag::tile(i)], bias[Frag::half(i)]));
-      if constexpr (!kOnesSum) sp[Frag::half(i)][(i >> 2) & 3] += s[i];
+      if constexpr (!kOnes) sp[Frag::half(i)][(i >> 2) & 3] += s[i];
     }
   }
-  if constexpr (!kOnesSum) {
+  if constexpr (!kOnes) {
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
       const float rs = (sp[h2][0] + sp[h2][1]) + (sp[h2][2] + sp[h2][3]);
@@ -278,8 +288,102 @@ __device__ __forceinline__ void pack_p(const float (&s)[SN], uint32_t (&pa)[SN /
   }
 }
 
-template <int D>
-__device__ void consume_tile(const FwdParams& p, FwdSmem<D>& sm, int cw, int batch, int head,
+// nvfp4-fast: P as E4M3 codes without exp2 (numerics.md §4): code = clamp(RNE(8 (z - m)) + 120,
+// 0, 120) with m the integer log2 running max (so z - m <= 0 and no upper clamp is needed). One
+// FFMA lands RNE(8 z - 8 m + 120) in the low mantissa bits of a float near 1.5 * 2^23 (the FMA
+// computes S * 8c exactly before its one rounding); one FMNMX clamps at code 0, which also turns
+// masked keys (-inf) and -inf * 0 (NaN) into 0. The codes stay in the low bytes of s for pack().
+// A NaN tile factor (a NaN input block) makes its whole tile NaN (code 0x7F), as the golden
+// model's NaN scores.
+template <int SN>
+__device__ __forceinline__ void softmax_codes(float (&s)[SN], RowState& st, const float (&c)[2],
+                                              bool edge, int n0, int t, const int (&rows)[2],
+                                              const Mask& mask, float (&alpha)[2]) {
+  constexpr float kMagic = 12582912.f;  // 1.5 * 2^23: integers in the low mantissa bits
+  if (edge) {
+#pragma unroll
+    for (int i = 0; i < SN; ++i) {
+      if (!mask.visible(n0 + Frag::col(i, t), rows[Frag::half(i)])) s[i] = -INFINITY;
+    }
+  }
+  float mp[2][2][2];
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+#pragma unroll
+    for (int g = 0; g < 4; ++g) mp[h2][g / 2][g % 2] = -INFINITY;
+  }
+#pragma unroll
+  for (int i = 0; i < SN; ++i) {
+    float& m = mp[Frag::half(i)][Frag::tile(i)][(i >> 2) & 1];
+    m = fmaxf(m, s[i]);
+  }
+  float bias[2];
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    float mx =
+        fmaxf(fmaxf(mp[h2][0][0], mp[h2][0][1]) * c[0], fmaxf(mp[h2][1][0], mp[h2][1][1]) * c[1]);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    const float m_new = fmaxf(st.m[h2], ceilf(mx));
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+    alpha[h2] = fast_exp2(st.m[h2] - m_use);
+    st.m[h2] = m_new;
+    bias[h2] = kMagic + 120.f - 8.f * m_use;
+  }
+  const float c8[2] = {8.f * c[0], 8.f * c[1]};
+#pragma unroll
+  for (int i = 0; i < SN; ++i) {
+    s[i] = fmaxf(fmaf(s[i], c8[Frag::tile(i)], bias[Frag::half(i)]), kMagic);
+  }
+  // A NaN tile factor: every code of that tile NaN (uniform per block, rare).
+  if (c[0] != c[0] || c[1] != c[1]) {
+#pragma unroll
+    for (int i = 0; i < SN; ++i) {
+      if (c[Frag::tile(i)] != c[Frag::tile(i)]) s[i] = __uint_as_float(0x7F);
+    }
+  }
+}
+
+// Codes (low byte of each s) -> A-operand registers, in pack_p's order.
+template <int SN>
+__device__ __forceinline__ void pack_codes(const float (&s)[SN], uint32_t (&pa)[SN / 16][4]) {
+  auto quad = [](float a, float b, float c, float d) {
+    const uint32_t lo = __byte_perm(__float_as_uint(a), __float_as_uint(b), 0x0040);
+    const uint32_t hi = __byte_perm(__float_as_uint(c), __float_as_uint(d), 0x0040);
+    return __byte_perm(lo, hi, 0x5410);
+  };
+#pragma unroll
+  for (int kk = 0; kk < SN / 16; ++kk) {
+    const float* g = s + 16 * kk;
+    pa[kk][0] = quad(g[0], g[1], g[4], g[5]);
+    pa[kk][1] = quad(g[2], g[3], g[6], g[7]);
+    pa[kk][2] = quad(g[8], g[9], g[12], g[13]);
+    pa[kk][3] = quad(g[10], g[11], g[14], g[15]);
+  }
+}
+
+template <int PM, bool kOnes, int SN>
+__device__ __forceinline__ void p_values(float (&s)[SN], RowState& st, const float (&c)[2],
+                                         bool edge, int n0, int t, const int (&rows)[2],
+                                         const Mask& mask, float (&alpha)[2]) {
+  if constexpr (PM == kPCodes) {
+    softmax_codes(s, st, c, edge, n0, t, rows, mask, alpha);
+  } else {
+    softmax_block<kOnes>(s, st, c, edge, n0, t, rows, mask, alpha);
+  }
+}
+
+template <int PM, int SN>
+__device__ __forceinline__ void pack(const float (&s)[SN], uint32_t (&pa)[SN / 16][4]) {
+  if constexpr (PM == kPCodes) {
+    pack_codes(s, pa);
+  } else {
+    pack_p(s, pa);
+  }
+}
+
+template <int D, int PM>
+__device__ void consume_tile(const FwdParams& p, FwdSmem<D, PM>& sm, int cw, int batch, int head,
                              int kv_head, int m_tile, int n_blocks, const Ring& ring, int q_uses) {
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32, lane = tid % 32;
@@ -293,8 +397,9 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D>& sm, int cw, int bat
   constexpr int N = block_n<D>();
   constexpr int kSN = N / 2;       // S registers per thread (64 x N accumulator)
   constexpr int kPSteps = N / 32;  // k32 steps of the PV GEMM
-  // O registers per thread: the 64 x D accumulator, + 64 x 8 row sums of P with kOnesSum.
-  constexpr int kON = D / 2 + (kOnesSum ? 4 : 0);
+  // O registers per thread: the 64 x D accumulator, + 64 x 8 row sums of P with the ones block.
+  constexpr bool kOnes = ones_sum<PM>();
+  constexpr int kON = D / 2 + (kOnes ? 4 : 0);
   float o[kON];
 #pragma unroll
   for (int i = 0; i < kON; ++i) o[i] = 0.f;
@@ -341,8 +446,8 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D>& sm, int cw, int bat
     score_factors(0, c);
     wgmma_wait<0>();
     fence_regs(s);
-    softmax_block(s, st, c, edge_block(0), 0, t, rows, mask, alpha);
-    pack_p(s, pa);
+    p_values<PM, kOnes>(s, st, c, edge_block(0), 0, t, rows, mask, alpha);
+    pack<PM>(s, pa);
 
     for (int j = 1; j < n_blocks; ++j) {
       const int stage = ring.stage(j);
@@ -359,7 +464,7 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D>& sm, int cw, int bat
       wgmma_wait<1>();
       fence_regs(s);
       const int n0 = j * N;
-      softmax_block(s, st, c, edge_block(n0), n0, t, rows, mask, alpha);
+      p_values<PM, kOnes>(s, st, c, edge_block(n0), n0, t, rows, mask, alpha);
       wgmma_wait<0>();
       fence_regs(o);
       for (auto& r : pa) fence_regs(r);
@@ -370,7 +475,7 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D>& sm, int cw, int bat
 #pragma unroll
         for (int i = 0; i < kON; ++i) o[i] *= alpha[Frag::half(i)];
       }
-      pack_p(s, pa);
+      pack<PM>(s, pa);
     }
 
     // Every S GEMM of the tile is done: the producer may load the next tile's Q.
@@ -393,7 +498,7 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D>& sm, int cw, int bat
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) {
     float l;
-    if constexpr (kOnesSum) {
+    if constexpr (kOnes) {
       l = o[D / 2 + 2 * h2];  // column d of the ones block, this thread's row
     } else {
       l = st.l[h2];
@@ -469,15 +574,15 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D>& sm, int cw, int bat
   }
 }
 
-template <int D>
-__device__ void consume(const FwdParams& p, FwdSmem<D>& sm, int cw) {
+template <int D, int PM>
+__device__ void consume(const FwdParams& p, FwdSmem<D, PM>& sm, int cw) {
   Ring ring;
   int q_uses = 0;
   for (int t = blockIdx.x; t < num_tiles(p); t += gridDim.x) {
     const Tile tile = tile_at(p, t);
     const int n_blocks = key_blocks<block_n<D>()>(p, tile.m_tile * kBlockM);
-    consume_tile<D>(p, sm, cw, tile.batch, tile.head, tile.head / (p.h / p.h_kv), tile.m_tile,
-                    n_blocks, ring, q_uses);
+    consume_tile<D, PM>(p, sm, cw, tile.batch, tile.head, tile.head / (p.h / p.h_kv), tile.m_tile,
+                        n_blocks, ring, q_uses);
     ring.it += n_blocks;
     q_uses += n_blocks > 0;
   }
@@ -486,11 +591,11 @@ __device__ void consume(const FwdParams& p, FwdSmem<D>& sm, int cw) {
 }
 
 // Persistent: gridDim.x CTAs (at most one per SM) walk the tiles of tile_at().
-template <int D>
+template <int D, int PM>
 __global__ void __launch_bounds__(kThreads, 1) fwd_fp8_kernel(const __grid_constant__ FwdParams p) {
   extern __shared__ uint8_t smem_raw[];
-  auto& sm = *reinterpret_cast<FwdSmem<D>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                            ~uintptr_t(1023));
+  auto& sm = *reinterpret_cast<FwdSmem<D, PM>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                                ~uintptr_t(1023));
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     mbar_init(&sm.q_full, 1);
@@ -501,8 +606,8 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_fp8_kernel(const __grid_const
     }
     fence_barrier_init();
   }
-  if constexpr (kOnesSum) {  // the ones rows after every V^T box, read by the PV wgmma
-    constexpr int N = block_n<D>();
+  if constexpr (ones_sum<PM>()) {  // the ones rows after every V^T box, read by the PV wgmma
+    constexpr int N = block_n<D>(), kOnesBytes = ones_bytes<PM>();
     for (int i = threadIdx.x; i < kStages * (N / kScaleTile) * kOnesBytes / 4; i += kThreads) {
       const int box = i / (kOnesBytes / 4), word = i % (kOnesBytes / 4);
       reinterpret_cast<uint32_t*>(sm.v[box / (N / kScaleTile)][box % (N / kScaleTile)] +
@@ -514,10 +619,10 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_fp8_kernel(const __grid_const
 
   if (wg == 0) {
     setmaxnreg_dec<24>();  // frees 128 x 144 registers: exactly what the consumers add
-    if (threadIdx.x == 0) produce<D>(p, sm);
+    if (threadIdx.x == 0) produce<D, PM>(p, sm);
   } else {
     setmaxnreg_inc<240>();
-    consume<D>(p, sm, wg - 1);
+    consume<D, PM>(p, sm, wg - 1);
   }
 }
 

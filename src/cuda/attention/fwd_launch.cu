@@ -86,10 +86,10 @@ bool make_out_map(CUtensorMap* map, const TensorView& o) {
             CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D>
+template <int D, int PM>
 Status launch(const FwdParams& p, cudaStream_t stream) {
-  auto kernel = sm90::fwd_fp8_kernel<D>;
-  constexpr int smem = sm90::fwd_smem_bytes<D>();
+  auto kernel = sm90::fwd_fp8_kernel<D, PM>;
+  constexpr int smem = sm90::fwd_smem_bytes<D, PM>();
   FP4ATTN_RETURN_IF_ERROR(
       cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                   "fwd kernel shared memory"));
@@ -169,7 +169,10 @@ Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardO
   p.scale_log2 = float(scale * 1.4426950408889634);
   p.causal = opt.causal ? 1 : 0;
   p.out_fp16 = o.dtype == DType::kF16 ? 1 : 0;
-  return d == 128 ? launch<128>(p, stream) : launch<64>(p, stream);
+  if (opt.recipe == Recipe::kNvfp4Fast) {
+    return d == 128 ? launch<128, sm90::kPCodes>(p, stream) : launch<64, sm90::kPCodes>(p, stream);
+  }
+  return d == 128 ? launch<128, sm90::kPExp2>(p, stream) : launch<64, sm90::kPExp2>(p, stream);
 }
 
 Status attention_forward_cuda(const TensorView& q, const TensorView& k, const TensorView& v,
