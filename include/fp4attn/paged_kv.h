@@ -157,9 +157,9 @@ Status golden_paged_attention(const TensorView& q, const TensorView& cu_seqlens_
 // visible keys: O = 0, LSE = -inf, so merges stay NaN-free.
 Status golden_paged_attention_partials(const TensorView& q, const TensorView& cu_seqlens_q,
                                        const PagedKvCache& cache, const TensorView& block_tables,
-                                       const TensorView& seq_lens,
-                                       const PagedAttentionOptions& opt, int64_t split_size,
-                                       const TensorView& o_partial, const TensorView& lse_partial);
+                                       const TensorView& seq_lens, const PagedAttentionOptions& opt,
+                                       int64_t split_size, const TensorView& o_partial,
+                                       const TensorView& lse_partial);
 
 // The exact LSE-weighted combine, in float64: m = max_s lse_s; w_s = exp(lse_s - m);
 // O = sum_s w_s O_s / sum_s w_s; LSE = m + ln(sum_s w_s). All partials -inf: O = 0, LSE = +inf

@@ -68,9 +68,9 @@ Status validate_paged_kv_cache(const PagedKvCache& cache, std::initializer_list<
   FP4ATTN_RETURN_IF_ERROR(check_data(cache.k_data, "k_cache"));
   const TensorView& kd = cache.k_data;
   FP4ATTN_RETURN_IF_ERROR(check_data(cache.v_data, "v_cache"));
-  FP4ATTN_RETURN_IF_ERROR(
-      check_shape(cache.v_data, "v_cache", {kd.shape[0], kd.shape[1], kd.shape[2], kd.shape[3]},
-                  "like k_cache"));
+  FP4ATTN_RETURN_IF_ERROR(check_shape(cache.v_data, "v_cache",
+                                      {kd.shape[0], kd.shape[1], kd.shape[2], kd.shape[3]},
+                                      "like k_cache"));
   const int64_t d = fp4 ? 2 * kd.shape[3] : kd.shape[3];
   std::ostringstream s;
   if (fp4) {
@@ -80,8 +80,8 @@ Status validate_paged_kv_cache(const PagedKvCache& cache, std::initializer_list<
       return invalid(s);
     }
     const char* sdims = "(num_pages, page_size, kv_heads, head_dim / 16)";
-    for (const auto& [t, name] : {std::pair{&cache.k_scales, "k_scales"},
-                                  std::pair{&cache.v_scales, "v_scales"}}) {
+    for (const auto& [t, name] :
+         {std::pair{&cache.k_scales, "k_scales"}, std::pair{&cache.v_scales, "v_scales"}}) {
       FP4ATTN_RETURN_IF_ERROR(check_tensor(*t, name, 4, sdims, {DType::kU8, DType::kE4M3}));
       FP4ATTN_RETURN_IF_ERROR(check_shape(
           *t, name, {kd.shape[0], kd.shape[1], kd.shape[2], d / kNvfp4Block}, "for k_cache"));
@@ -147,8 +147,8 @@ Status validate_paged_append(const TensorView& k, const TensorView& v,
   const int64_t n = k.shape[0];
   FP4ATTN_RETURN_IF_ERROR(check_shape(k, "k", {n, kv.kv_heads, kv.head_dim}, "for the cache"));
   FP4ATTN_RETURN_IF_ERROR(check_shape(v, "v", {n, kv.kv_heads, kv.head_dim}, "like k"));
-  FP4ATTN_RETURN_IF_ERROR(check_tensor(slot_mapping, "slot_mapping", 1, "(num_tokens)",
-                                       {DType::kI32}));
+  FP4ATTN_RETURN_IF_ERROR(
+      check_tensor(slot_mapping, "slot_mapping", 1, "(num_tokens)", {DType::kI32}));
   FP4ATTN_RETURN_IF_ERROR(check_shape(slot_mapping, "slot_mapping", {n}, "(one slot per token)"));
   *num_tokens = n;
   return Status::Ok();
@@ -191,8 +191,8 @@ Status validate_global_scale(float value, const char* name) {
 
 Status validate_paged_attention(const TensorView& q, const TensorView& cu_seqlens_q,
                                 const TensorView& block_tables, const TensorView& seq_lens,
-                                const TensorView& o, const TensorView& lse,
-                                const PagedKvShape& kv, PagedQueryShape* shape) {
+                                const TensorView& o, const TensorView& lse, const PagedKvShape& kv,
+                                PagedQueryShape* shape) {
   std::initializer_list<DType> floats = {DType::kF64, DType::kF32, DType::kBF16, DType::kF16};
   const bool varlen = q.rank == 3;
   if (q.rank != 3 && q.rank != 4) {
@@ -202,12 +202,11 @@ Status validate_paged_attention(const TensorView& q, const TensorView& cu_seqlen
       << q.rank;
     return invalid(s);
   }
-  FP4ATTN_RETURN_IF_ERROR(check_tensor(q, "q", q.rank,
-                                       varlen ? "(total_q, heads, head_dim)"
-                                              : "(batch, seqlen_q, heads, head_dim)",
-                                       floats));
-  FP4ATTN_RETURN_IF_ERROR(check_tensor(block_tables, "block_tables", 2, "(batch, max_pages)",
-                                       {DType::kI32}));
+  FP4ATTN_RETURN_IF_ERROR(check_tensor(
+      q, "q", q.rank, varlen ? "(total_q, heads, head_dim)" : "(batch, seqlen_q, heads, head_dim)",
+      floats));
+  FP4ATTN_RETURN_IF_ERROR(
+      check_tensor(block_tables, "block_tables", 2, "(batch, max_pages)", {DType::kI32}));
   const int64_t b = block_tables.shape[0];
   FP4ATTN_RETURN_IF_ERROR(check_tensor(seq_lens, "seq_lens", 1, "(batch)", {DType::kI32}));
   FP4ATTN_RETURN_IF_ERROR(check_shape(seq_lens, "seq_lens", {b}, "(one per block_tables row)"));
@@ -243,10 +242,9 @@ Status validate_paged_attention(const TensorView& q, const TensorView& cu_seqlen
     *shape = PagedQueryShape{b, total_q, h, d, block_tables.shape[1], s_q, varlen};
     return Status::Ok();
   }
-  FP4ATTN_RETURN_IF_ERROR(check_tensor(o, "o", q.rank,
-                                       varlen ? "(total_q, heads, head_dim)"
-                                              : "(batch, seqlen_q, heads, head_dim)",
-                                       floats));
+  FP4ATTN_RETURN_IF_ERROR(check_tensor(
+      o, "o", q.rank, varlen ? "(total_q, heads, head_dim)" : "(batch, seqlen_q, heads, head_dim)",
+      floats));
   for (int i = 0; i < q.rank; ++i) {
     if (o.shape[i] != q.shape[i]) {
       s << "o: expected shape " << q.shape_str() << " like q, got " << o.shape_str();
@@ -278,8 +276,9 @@ Status validate_paged_indices(const TensorView& cu_seqlens_q, const TensorView& 
     const int64_t len = at1(seq_lens, bi);
     std::ostringstream s;
     if (len < 0 || len > qs.max_pages * kv.page_size) {
-      s << "seq_lens[" << bi << "]: " << len << " is out of range [0, " << qs.max_pages * kv.page_size
-        << "] (block_tables has " << qs.max_pages << " pages of " << kv.page_size << " tokens)";
+      s << "seq_lens[" << bi << "]: " << len << " is out of range [0, "
+        << qs.max_pages * kv.page_size << "] (block_tables has " << qs.max_pages << " pages of "
+        << kv.page_size << " tokens)";
       return invalid(s);
     }
     const int64_t pages = (len + kv.page_size - 1) / kv.page_size;
@@ -307,8 +306,8 @@ Status validate_paged_indices(const TensorView& cu_seqlens_q, const TensorView& 
   }
   if (at1(cu_seqlens_q, qs.b) != qs.total_q) {
     std::ostringstream s;
-    s << "cu_seqlens_q[" << qs.b << "]: expected total_q = " << qs.total_q << " (q's dimension 0), got "
-      << at1(cu_seqlens_q, qs.b);
+    s << "cu_seqlens_q[" << qs.b << "]: expected total_q = " << qs.total_q
+      << " (q's dimension 0), got " << at1(cu_seqlens_q, qs.b);
     return invalid(s);
   }
   return Status::Ok();
@@ -316,10 +315,10 @@ Status validate_paged_indices(const TensorView& cu_seqlens_q, const TensorView& 
 
 Status validate_partials(const TensorView& o_partial, const TensorView& lse_partial,
                          std::initializer_list<DType> allowed, bool writable) {
-  FP4ATTN_RETURN_IF_ERROR(check_tensor(o_partial, "o_partial", 4,
-                                       "(num_splits, total_q, heads, head_dim)", allowed));
-  FP4ATTN_RETURN_IF_ERROR(check_tensor(lse_partial, "lse_partial", 3,
-                                       "(num_splits, total_q, heads)", allowed));
+  FP4ATTN_RETURN_IF_ERROR(
+      check_tensor(o_partial, "o_partial", 4, "(num_splits, total_q, heads, head_dim)", allowed));
+  FP4ATTN_RETURN_IF_ERROR(
+      check_tensor(lse_partial, "lse_partial", 3, "(num_splits, total_q, heads)", allowed));
   const TensorView& op = o_partial;
   FP4ATTN_RETURN_IF_ERROR(check_shape(lse_partial, "lse_partial",
                                       {op.shape[0], op.shape[1], op.shape[2]}, "for o_partial"));

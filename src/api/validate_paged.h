@@ -49,8 +49,8 @@ struct PagedQueryShape {
 // h a multiple of kv_heads, d equal to the cache's. o and lse undefined: not checked (partials).
 Status validate_paged_attention(const TensorView& q, const TensorView& cu_seqlens_q,
                                 const TensorView& block_tables, const TensorView& seq_lens,
-                                const TensorView& o, const TensorView& lse,
-                                const PagedKvShape& kv, PagedQueryShape* shape);
+                                const TensorView& o, const TensorView& lse, const PagedKvShape& kv,
+                                PagedQueryShape* shape);
 
 // Values (host memory): seq_lens in [0, max_pages * page_size]; the page ids a sequence reads
 // (its first ceil(seq_len / page_size) entries) in [0, num_pages); cu_seqlens_q starting at 0,

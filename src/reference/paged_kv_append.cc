@@ -138,8 +138,7 @@ Status paged_kv_dequantize(const PagedKvCache& cache, const TensorView& block_ta
     max_len = std::max<int64_t>(max_len, seq_lens.as<const int32_t>()[bi * seq_lens.stride[0]]);
   }
   for (const auto& [t, name] : {std::pair{&k_out, "k_out"}, std::pair{&v_out, "v_out"}}) {
-    FP4ATTN_RETURN_IF_ERROR(
-        check_rank(*t, name, 4, "(batch, max_len, kv_heads, head_dim)"));
+    FP4ATTN_RETURN_IF_ERROR(check_rank(*t, name, 4, "(batch, max_len, kv_heads, head_dim)"));
     FP4ATTN_RETURN_IF_ERROR(check_dtype(*t, name, {DType::kF32, DType::kF64}));
     FP4ATTN_RETURN_IF_ERROR(check_strides(*t, name));
     FP4ATTN_RETURN_IF_ERROR(check_not_null(*t, name));
@@ -159,16 +158,16 @@ Status paged_kv_dequantize(const PagedKvCache& cache, const TensorView& block_ta
   for (int64_t bi = 0; bi < b; ++bi) {
     const int64_t len = seq_lens.as<const int32_t>()[bi * seq_lens.stride[0]];
     for (int64_t j = 0; j < k_out.shape[1]; ++j) {
-      const int64_t page = j < len ? block_tables.as<const int32_t>()[bi * block_tables.stride[0] +
-                                                                      (j / kv.page_size) *
-                                                                          block_tables.stride[1]]
-                                   : -1;
+      const int64_t page =
+          j < len ? block_tables.as<const int32_t>()[bi * block_tables.stride[0] +
+                                                     (j / kv.page_size) * block_tables.stride[1]]
+                  : -1;
       for (int64_t hk = 0; hk < kv.kv_heads; ++hk) {
         for (int side = 0; side < 2; ++side) {
           const TensorView& out = side ? v_out : k_out;
           if (page >= 0) {
-            paged_internal::decode_token(cache, side == 1, page, j % kv.page_size, hk,
-                                         kv.head_dim, side ? gv : gk, row.data());
+            paged_internal::decode_token(cache, side == 1, page, j % kv.page_size, hk, kv.head_dim,
+                                         side ? gv : gk, row.data());
           } else {
             std::fill(row.begin(), row.end(), 0.f);
           }

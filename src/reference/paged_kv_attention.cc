@@ -39,8 +39,8 @@ Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedK
                const PagedAttentionOptions& opt, const TensorView& o, const TensorView& lse,
                Problem* p) {
   FP4ATTN_RETURN_IF_ERROR(validate_paged_kv_cache(cache, {}, /*writable=*/false, &p->kv));
-  FP4ATTN_RETURN_IF_ERROR(validate_paged_attention(q, cu_seqlens_q, block_tables, seq_lens, o,
-                                                   lse, p->kv, &p->qs));
+  FP4ATTN_RETURN_IF_ERROR(
+      validate_paged_attention(q, cu_seqlens_q, block_tables, seq_lens, o, lse, p->kv, &p->qs));
   FP4ATTN_RETURN_IF_ERROR(
       validate_paged_indices(cu_seqlens_q, block_tables, seq_lens, p->kv, p->qs));
   FP4ATTN_RETURN_IF_ERROR(resolve_softmax_scale(opt.softmax_scale, p->kv.head_dim, &p->scale));
@@ -98,8 +98,8 @@ void gather(const Problem& p, bool is_v, int64_t bi, int64_t hk, int64_t k0, int
 // Softmax attention of one query over n keys (n may be 0): out = sum_j p_j v_j / sum_j p_j,
 // returns the LSE (natural log), or -inf with out = 0 when n == 0. A NaN score reaches the max
 // (and so every p_j and the output), as in the float64 reference.
-double attend(const double* q, const double* k, const double* v, int64_t n, int64_t d,
-              double scale, double* s, double* out) {
+double attend(const double* q, const double* k, const double* v, int64_t n, int64_t d, double scale,
+              double* s, double* out) {
   std::fill(out, out + d, 0.0);
   if (n == 0) return -kInf;
   double m = -kInf;
@@ -176,9 +176,9 @@ Status golden_paged_attention(const TensorView& q, const TensorView& cu_seqlens_
 
 Status golden_paged_attention_partials(const TensorView& q, const TensorView& cu_seqlens_q,
                                        const PagedKvCache& cache, const TensorView& block_tables,
-                                       const TensorView& seq_lens,
-                                       const PagedAttentionOptions& opt, int64_t split_size,
-                                       const TensorView& o_partial, const TensorView& lse_partial) {
+                                       const TensorView& seq_lens, const PagedAttentionOptions& opt,
+                                       int64_t split_size, const TensorView& o_partial,
+                                       const TensorView& lse_partial) {
   FP4ATTN_RETURN_IF_ERROR(
       validate_partials(o_partial, lse_partial, {DType::kF32, DType::kF64}, /*writable=*/true));
   Problem p;  // no o or lse: the partials are the outputs
@@ -189,8 +189,7 @@ Status golden_paged_attention_partials(const TensorView& q, const TensorView& cu
       o_partial.shape[3] != p.kv.head_dim) {
     return Status::Invalid("o_partial: expected shape (num_splits, " +
                            std::to_string(p.qs.total_q) + ", " + std::to_string(p.qs.h) + ", " +
-                           std::to_string(p.kv.head_dim) + ") for q, got " +
-                           o_partial.shape_str());
+                           std::to_string(p.kv.head_dim) + ") for q, got " + o_partial.shape_str());
   }
   if (split_size < 1) {
     return Status::Invalid("split_size: expected >= 1, got " + std::to_string(split_size));
@@ -207,8 +206,7 @@ Status golden_paged_attention_partials(const TensorView& q, const TensorView& cu
       [&](int64_t r, int64_t hq, int64_t split, const double* out, double row_lse) {
         const int64_t base = split * op.stride[0] + r * op.stride[1] + hq * op.stride[2];
         for (int64_t c = 0; c < p.kv.head_dim; ++c) store_from_double(op, base + c, out[c]);
-        store_from_double(lp, split * lp.stride[0] + r * lp.stride[1] + hq * lp.stride[2],
-                          row_lse);
+        store_from_double(lp, split * lp.stride[0] + r * lp.stride[1] + hq * lp.stride[2], row_lse);
       });
   return Status::Ok();
 }

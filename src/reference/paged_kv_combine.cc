@@ -36,8 +36,7 @@ Status check_outputs(const TensorView& op, const TensorView& o, const TensorView
   FP4ATTN_RETURN_IF_ERROR(check_not_null(lse, "lse"));
   if (lse.shape[0] != h || lse.shape[1] != total_q) {
     return Status::Invalid("lse: expected shape (" + std::to_string(h) + ", " +
-                           std::to_string(total_q) + ") (heads, total_q), got " +
-                           lse.shape_str());
+                           std::to_string(total_q) + ") (heads, total_q), got " + lse.shape_str());
   }
   return check_output_strides(lse, "lse");
 }

@@ -26,18 +26,19 @@ std::vector<float> adversarial_tokens(int64_t n, int64_t d, uint32_t seed) {
   std::vector<float> x = paged_test::normal(n * kHeads * d, seed);
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
-  x[3] = nan;                                       // token 0 head 0, block 0: NaN scale
-  x[d + 17] = -inf;                                 // token 0 head 1, block 1: NaN scale
-  for (int c = 0; c < 16; ++c) x[2 * d + c] = 0.f;  // token 1 head 0, block 0: zero
+  x[3] = nan;                                           // token 0 head 0, block 0: NaN scale
+  x[d + 17] = -inf;                                     // token 0 head 1, block 1: NaN scale
+  for (int c = 0; c < 16; ++c) x[2 * d + c] = 0.f;      // token 1 head 0, block 0: zero
   for (int c = 16; c < 32; ++c) x[2 * d + c] = 1e-30f;  // tiny block: scale 0 (documented)
-  x[4 * d + 5] = 40.f;                              // token 2: well above the other tokens
+  x[4 * d + 5] = 40.f;                                  // token 2: well above the other tokens
   return x;
 }
 
 // The slots of n tokens: a permutation of the cache's slots, every 5th token skipped (-1).
 std::vector<int32_t> scattered_slots(int64_t n) {
   std::vector<int32_t> slots(n);
-  for (int64_t i = 0; i < n; ++i) slots[i] = i % 5 == 4 ? -1 : static_cast<int32_t>((i * 37) % (kPages * kPageSize));
+  for (int64_t i = 0; i < n; ++i)
+    slots[i] = i % 5 == 4 ? -1 : static_cast<int32_t>((i * 37) % (kPages * kPageSize));
   return slots;
 }
 
@@ -73,10 +74,10 @@ TEST_P(PagedAppendNvfp4, CalibratedMatchesCodecByteForByte) {
     const int64_t n = 50;
     const std::vector<float> k = adversarial_tokens(n, d, 1), v = adversarial_tokens(n, d, 2);
     const std::vector<int32_t> slots = scattered_slots(n);
-    ASSERT_TRUE(paged_kv_append(make_view(const_cast<float*>(k.data()), DType::kF32, {n, kHeads, d}),
-                                make_view(const_cast<float*>(v.data()), DType::kF32, {n, kHeads, d}),
-                                make_view(const_cast<int32_t*>(slots.data()), DType::kI32, {n}),
-                                c.view(rule))
+    ASSERT_TRUE(paged_kv_append(
+                    make_view(const_cast<float*>(k.data()), DType::kF32, {n, kHeads, d}),
+                    make_view(const_cast<float*>(v.data()), DType::kF32, {n, kHeads, d}),
+                    make_view(const_cast<int32_t*>(slots.data()), DType::kI32, {n}), c.view(rule))
                     .ok());
     EXPECT_EQ(c.kg, nvfp4_tensor_scale(written_amax(k, slots, d), rule));
     EXPECT_EQ(c.vg, nvfp4_tensor_scale(written_amax(v, slots, d), rule));
@@ -99,8 +100,7 @@ TEST_P(PagedAppendNvfp4, CalibratedMatchesCodecByteForByte) {
 
 INSTANTIATE_TEST_SUITE_P(Rules, PagedAppendNvfp4,
                          ::testing::Values(Nvfp4ScaleRule::kNearest, Nvfp4ScaleRule::kFourOverSix,
-                                           Nvfp4ScaleRule::kRoundUp,
-                                           Nvfp4ScaleRule::kRestricted));
+                                           Nvfp4ScaleRule::kRoundUp, Nvfp4ScaleRule::kRestricted));
 
 TEST(PagedAppend, SuppliedScaleIsKeptAndSecondAppendDoesNotRecalibrate) {
   const int64_t d = 64, n = 8;
@@ -117,7 +117,8 @@ TEST(PagedAppend, SuppliedScaleIsKeptAndSecondAppendDoesNotRecalibrate) {
   ASSERT_TRUE(append(k, v).ok());
   EXPECT_EQ(c.kg, 100.f);
   const float vg = c.vg;
-  EXPECT_EQ(vg, nvfp4_tensor_scale(finite_amax(v.data(), n * kHeads * d), Nvfp4ScaleRule::kNearest));
+  EXPECT_EQ(vg,
+            nvfp4_tensor_scale(finite_amax(v.data(), n * kHeads * d), Nvfp4ScaleRule::kNearest));
   // Larger tokens later: same global, their blocks saturate at the calibrated range.
   std::vector<float> big = v;
   for (float& x : big) x *= 10.f;
@@ -125,10 +126,8 @@ TEST(PagedAppend, SuppliedScaleIsKeptAndSecondAppendDoesNotRecalibrate) {
   ASSERT_TRUE(append(k, big).ok());
   EXPECT_EQ(c.vg, vg);
   for (int64_t i = 0; i < n; ++i) {
-    expect_nvfp4_slot(c, c.kd, c.ks, &k[i * kHeads * d], slots[i], 100.f,
-                      Nvfp4ScaleRule::kNearest);
-    expect_nvfp4_slot(c, c.vd, c.vs, &big[i * kHeads * d], slots[i], vg,
-                      Nvfp4ScaleRule::kNearest);
+    expect_nvfp4_slot(c, c.kd, c.ks, &k[i * kHeads * d], slots[i], 100.f, Nvfp4ScaleRule::kNearest);
+    expect_nvfp4_slot(c, c.vd, c.vs, &big[i * kHeads * d], slots[i], vg, Nvfp4ScaleRule::kNearest);
   }
 }
 
@@ -175,11 +174,11 @@ TEST(PagedAppend, Fp8PerTensorScale) {
     c.kg = c.vg = supplied;
     const std::vector<float> k = adversarial_tokens(n, d, 6), v = adversarial_tokens(n, d, 7);
     const std::vector<int32_t> slots = scattered_slots(n);
-    ASSERT_TRUE(paged_kv_append(make_view(const_cast<float*>(k.data()), DType::kF32, {n, kHeads, d}),
-                                make_view(const_cast<float*>(v.data()), DType::kF32, {n, kHeads, d}),
-                                make_view(const_cast<int32_t*>(slots.data()), DType::kI32, {n}),
-                                c.view())
-                    .ok());
+    ASSERT_TRUE(
+        paged_kv_append(make_view(const_cast<float*>(k.data()), DType::kF32, {n, kHeads, d}),
+                        make_view(const_cast<float*>(v.data()), DType::kF32, {n, kHeads, d}),
+                        make_view(const_cast<int32_t*>(slots.data()), DType::kI32, {n}), c.view())
+            .ok());
     const float kg = supplied != 0 ? supplied : written_amax(k, slots, d) / 448.f;
     EXPECT_EQ(c.kg, kg);
     const float inv = 1.f / kg;
@@ -208,14 +207,17 @@ TEST(PagedAppend, DequantizeIsTheCodecsValue) {
                   .ok());
   int32_t len = n;
   std::vector<float> ko(1 * (n + 3) * kHeads * d, -1.f), vo(ko.size());
-  ASSERT_TRUE(paged_kv_dequantize(c.view(), make_view(const_cast<int32_t*>(table.data()), DType::kI32, {1, 2}),
-                                  make_view(&len, DType::kI32, {1}),
-                                  make_view(ko.data(), DType::kF32, {1, n + 3, kHeads, d}),
-                                  make_view(vo.data(), DType::kF32, {1, n + 3, kHeads, d}))
+  ASSERT_TRUE(paged_kv_dequantize(
+                  c.view(), make_view(const_cast<int32_t*>(table.data()), DType::kI32, {1, 2}),
+                  make_view(&len, DType::kI32, {1}),
+                  make_view(ko.data(), DType::kF32, {1, n + 3, kHeads, d}),
+                  make_view(vo.data(), DType::kF32, {1, n + 3, kHeads, d}))
                   .ok());
   std::vector<uint8_t> codes(kHeads * d), sc(kHeads * d / 16);
   for (int64_t j = 0; j < n + 3; ++j) {
-    if (j < n) nvfp4_quantize_rows(&k[j * kHeads * d], kHeads, d, d, c.kg, Nvfp4ScaleRule::kNearest, codes.data(), sc.data());
+    if (j < n)
+      nvfp4_quantize_rows(&k[j * kHeads * d], kHeads, d, d, c.kg, Nvfp4ScaleRule::kNearest,
+                          codes.data(), sc.data());
     for (int64_t e = 0; e < kHeads * d; ++e) {
       const float want = j < n ? nvfp4_dequantize(codes[e], sc[e / 16], c.kg) : 0.f;
       const float got = ko[j * kHeads * d + e];

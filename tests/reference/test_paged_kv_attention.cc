@@ -87,18 +87,15 @@ void reference(Batch& bt, bool causal, std::vector<double>* o, std::vector<doubl
     std::vector<double> lse_b(kH * s_q);
     AttentionOptions opt;
     opt.causal = causal;
-    ASSERT_TRUE(reference_attention_forward(
-                    make_strided_view(&bt.q[q0 * kH * d], DType::kF64, {1, s_q, kH, d},
-                                      {0, kH * d, d, 1}),
-                    make_strided_view(&kd[bi * kvs], DType::kF64, {1, len, kHkv, d},
-                                      {0, kHkv * d, d, 1}),
-                    make_strided_view(&vd[bi * kvs], DType::kF64, {1, len, kHkv, d},
-                                      {0, kHkv * d, d, 1}),
-                    opt,
-                    make_strided_view(&(*o)[q0 * kH * d], DType::kF64, {1, s_q, kH, d},
-                                      {0, kH * d, d, 1}),
-                    make_view(lse_b.data(), DType::kF64, {1, kH, s_q}))
-                    .ok());
+    ASSERT_TRUE(
+        reference_attention_forward(
+            make_strided_view(&bt.q[q0 * kH * d], DType::kF64, {1, s_q, kH, d}, {0, kH * d, d, 1}),
+            make_strided_view(&kd[bi * kvs], DType::kF64, {1, len, kHkv, d}, {0, kHkv * d, d, 1}),
+            make_strided_view(&vd[bi * kvs], DType::kF64, {1, len, kHkv, d}, {0, kHkv * d, d, 1}),
+            opt,
+            make_strided_view(&(*o)[q0 * kH * d], DType::kF64, {1, s_q, kH, d}, {0, kH * d, d, 1}),
+            make_view(lse_b.data(), DType::kF64, {1, kH, s_q}))
+            .ok());
     for (int64_t hq = 0; hq < kH; ++hq) {
       for (int64_t i = 0; i < s_q; ++i) (*lse)[hq * tq + q0 + i] = lse_b[hq * s_q + i];
     }
@@ -114,8 +111,7 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
           << what << "[" << i << "]: " << got[i] << " vs " << want[i];
       continue;
     }
-    ASSERT_NEAR(got[i], want[i], tol * std::max(1.0, std::abs(want[i])))
-        << what << "[" << i << "]";
+    ASSERT_NEAR(got[i], want[i], tol * std::max(1.0, std::abs(want[i]))) << what << "[" << i << "]";
   }
 }
 
@@ -136,7 +132,8 @@ TEST_P(GoldenPaged, VarlenEqualsFloat64ReferenceOnTheDecodedCache) {
     PagedAttentionOptions opt;
     opt.causal = causal;
     ASSERT_TRUE(golden_paged_attention(bt.qv(), bt.cu(), bt.cache.view(), bt.tables(), bt.lens(),
-                                       opt, make_view(o.data(), DType::kF64, {bt.total_q(), kH, c.d}),
+                                       opt,
+                                       make_view(o.data(), DType::kF64, {bt.total_q(), kH, c.d}),
                                        make_view(lse.data(), DType::kF64, {kH, bt.total_q()}))
                     .ok());
     reference(bt, causal, &ro, &rl);
@@ -184,8 +181,8 @@ TEST_P(GoldenPaged, SplitKvCombineEqualsUnsplit) {
   const int64_t tq = bt.total_q();
   std::vector<double> o(tq * kH * c.d), lse(kH * tq);
   PagedAttentionOptions opt;
-  ASSERT_TRUE(golden_paged_attention(bt.qv(), bt.cu(), bt.cache.view(), bt.tables(), bt.lens(),
-                                     opt, make_view(o.data(), DType::kF64, {tq, kH, c.d}),
+  ASSERT_TRUE(golden_paged_attention(bt.qv(), bt.cu(), bt.cache.view(), bt.tables(), bt.lens(), opt,
+                                     make_view(o.data(), DType::kF64, {tq, kH, c.d}),
                                      make_view(lse.data(), DType::kF64, {kH, tq}))
                   .ok());
   for (int64_t split_size : {16, 37, 64, 150}) {
@@ -220,7 +217,8 @@ TEST(GoldenPagedRows, EmptyRowsAreZeroWithInfiniteLse) {
   Batch bt(KvCacheFormat::kNvfp4, 16, 64, {0, 2}, {1, 4}, 41);
   std::vector<double> o(5 * kH * 64, 7.0), lse(kH * 5);
   ASSERT_TRUE(golden_paged_attention(bt.qv(), bt.cu(), bt.cache.view(), bt.tables(), bt.lens(),
-                                     PagedAttentionOptions{}, make_view(o.data(), DType::kF64, {5, kH, 64}),
+                                     PagedAttentionOptions{},
+                                     make_view(o.data(), DType::kF64, {5, kH, 64}),
                                      make_view(lse.data(), DType::kF64, {kH, 5}))
                   .ok());
   // Row 0: empty sequence. Rows 1, 2: queries 0 and 1 of 4 over 2 keys (causal) see nothing.
@@ -243,8 +241,8 @@ TEST(GoldenPagedRows, SharedPrefixPagesGiveTheSameRows) {
   std::copy(bt.q.begin(), bt.q.begin() + kH * 64, bt.q.begin() + kH * 64);
   std::vector<double> o(2 * kH * 64);
   ASSERT_TRUE(golden_paged_attention(bt.qv(), bt.cu(), bt.cache.view(), bt.tables(), bt.lens(),
-                                     PagedAttentionOptions{}, make_view(o.data(), DType::kF64, {2, kH, 64}),
-                                     TensorView{})
+                                     PagedAttentionOptions{},
+                                     make_view(o.data(), DType::kF64, {2, kH, 64}), TensorView{})
                   .ok());
   for (int64_t i = 0; i < kH * 64; ++i) ASSERT_EQ(o[i], o[kH * 64 + i]);
 }
@@ -252,7 +250,7 @@ TEST(GoldenPagedRows, SharedPrefixPagesGiveTheSameRows) {
 TEST(CombinePartials, EmptyNanAndSingleSplit) {
   const int64_t d = 2;
   // Row 0: both partials empty. Row 1: one NaN LSE. Row 2: one live partial, one empty.
-  std::vector<double> op = {0, 0, 1, 2, 3, 4,  // split 0: rows 0..2
+  std::vector<double> op = {0, 0, 1, 2, 3, 4,   // split 0: rows 0..2
                             0, 0, 5, 6, 0, 0};  // split 1
   std::vector<double> lp = {-kInf, std::nan(""), 0.5, -kInf, 0.1, -kInf};
   std::vector<double> o(3 * d), lse(3);

@@ -61,15 +61,16 @@ struct PageTable {
   int64_t b, max_pages, page_size;
   std::vector<int32_t> table, lens;
   int32_t slot(int64_t bi, int64_t j) const {
-    return static_cast<int32_t>(paged_kv_slot(table[bi * max_pages + j / page_size], page_size,
-                                              j % page_size));
+    return static_cast<int32_t>(
+        paged_kv_slot(table[bi * max_pages + j / page_size], page_size, j % page_size));
   }
 };
 
 inline PageTable random_pages(const std::vector<int32_t>& lens, int64_t page_size,
                               int64_t num_pages, uint32_t seed) {
   PageTable t{static_cast<int64_t>(lens.size()), 0, page_size, {}, lens};
-  for (int32_t l : lens) t.max_pages = std::max<int64_t>(t.max_pages, (l + page_size - 1) / page_size);
+  for (int32_t l : lens)
+    t.max_pages = std::max<int64_t>(t.max_pages, (l + page_size - 1) / page_size);
   t.max_pages += 1;  // a spare column that is never read
   std::vector<int32_t> perm(num_pages);
   std::iota(perm.begin(), perm.end(), 0);
