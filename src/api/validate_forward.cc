@@ -34,9 +34,9 @@ Status check_aligned(const void* p, const char* name, int bytes) {
 
 Status check_options(const ForwardOptions& opt) {
   if (!forward_recipe_supported(opt.recipe)) {
-    return Status::Invalid(std::string("recipe: '") + recipe_name(opt.recipe) +
-                           "' does not run on the GPU engine yet (supported: fp8, nvfp4, nvfp4-hx, "
-                           "mxfp4, nvfp4-fast)");
+    return Status::Unsupported(std::string("recipe: '") + recipe_name(opt.recipe) +
+                               "' does not run on the GPU engine yet (supported: fp8, nvfp4, "
+                               "nvfp4-hx, mxfp4, nvfp4-fast)");
   }
   if (!std::isfinite(opt.softmax_scale) || opt.softmax_scale < 0) {
     return Status::Invalid(
