@@ -9,5 +9,6 @@ namespace fp4attn::cli {
 
 int cmd_run(const std::vector<std::string>& argv);
 int cmd_recipes(const std::vector<std::string>& argv);
+int cmd_emulation(const std::vector<std::string>& argv);
 
 }  // namespace fp4attn::cli

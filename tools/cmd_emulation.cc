@@ -1,0 +1,155 @@
+// `fp4attn emulation`: what Hopper's scale folding costs against the Blackwell kernels'
+// block-scaled arithmetic, measured on the golden model: each recipe with Emulation::kFoldedE4M3
+// and Emulation::kBlockScaledExact, the two outputs against each other and against float64
+// (the numbers of the Blackwell-difference table in docs/numerics.md).
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "cli_args.h"
+#include "commands.h"
+#include "fp4attn/golden.h"
+#include "fp4attn/metrics.h"
+#include "fp4attn/reference.h"
+#include "fp4attn/suite.h"
+
+namespace fp4attn::cli {
+namespace {
+
+const std::vector<FlagSpec> kEmulationFlags = {
+    {"batch", true, "batch size", "1"},
+    {"heads", true, "query and key/value heads", "4"},
+    {"seqlen", true, "query and key tokens per sequence", "1024"},
+    {"head-dim", true, "64 or 128", "128"},
+    {"causal", false, "causal mask", ""},
+    {"recipe", true, "a recipe name or 'fp4' (nvfp4, nvfp4-hx, mxfp4, nvfp4-all, fp4-direct)",
+     "fp4"},
+    {"input", true, "gaussian, outliers, large-logits, near-uniform or 'all'", "gaussian"},
+    {"seed", true, "input seed", "0"},
+    {"json", true, "also write the results as JSON to this file", ""},
+    {"help", false, "show this help", ""},
+};
+
+// The recipes with a Blackwell block-scaled counterpart (nvfp4-fast shares nvfp4's operands).
+constexpr Recipe kFp4Recipes[] = {Recipe::kNvfp4, Recipe::kNvfp4Hx, Recipe::kMxfp4,
+                                  Recipe::kNvfp4All, Recipe::kFp4Direct};
+
+struct Row {
+  std::string recipe, input;
+  ErrorStats folded_vs_exact, folded_vs_f64, exact_vs_f64;
+};
+
+std::vector<double> golden(SuiteInputs& in, Recipe r, Emulation emu, bool causal) {
+  RecipeOptions opt;
+  opt.recipe = r;
+  opt.causal = causal;
+  opt.emulation = emu;
+  std::vector<double> o(in.b * in.s_q * in.h * in.d);
+  const Status st = golden_attention_forward(
+      make_view(in.q.data(), DType::kF32, {in.b, in.s_q, in.h, in.d}),
+      make_view(in.k.data(), DType::kF32, {in.b, in.s_k, in.h_kv, in.d}),
+      make_view(in.v.data(), DType::kF32, {in.b, in.s_k, in.h_kv, in.d}), opt,
+      make_view(o.data(), DType::kF64, {in.b, in.s_q, in.h, in.d}), TensorView{});
+  if (!st.ok()) throw UsageError(st.message());
+  return o;
+}
+
+std::string json_stats(const char* name, const ErrorStats& e) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "\"%s\": {\"cos\": %.7f, \"rel_l2\": %.7g, \"max_abs\": %.6e}",
+                name, e.cos, e.rel_l2, e.max_abs);
+  return buf;
+}
+
+}  // namespace
+
+int cmd_emulation(const std::vector<std::string>& argv) {
+  const Args a(argv, kEmulationFlags);
+  if (a.has("help")) {
+    std::printf("%s", format_help("usage: fp4attn emulation [flags]\n\nCompares the golden "
+                                  "model's Hopper arithmetic (block scales folded into E4M3) "
+                                  "with the Blackwell block-scaled arithmetic (exact scales), "
+                                  "per recipe, and both with float64.",
+                                  kEmulationFlags)
+                          .c_str());
+    return 0;
+  }
+  const int64_t b = a.get_int("batch", 1, 0, 1 << 20);
+  const int64_t h = a.get_int("heads", 4, 1, 4096);
+  const int64_t s = a.get_int("seqlen", 1024, 0, int64_t(1) << 31);
+  const int64_t d = a.get_int("head-dim", 128, 1, 4096);
+  if (d != 64 && d != 128) {
+    throw UsageError("--head-dim: expected 64 or 128, got " + std::to_string(d));
+  }
+  const bool causal = a.has("causal");
+  const auto seed = static_cast<uint64_t>(a.get_int("seed", 0, 0, INT64_MAX));
+  std::vector<Recipe> recipes(std::begin(kFp4Recipes), std::end(kFp4Recipes));
+  if (const std::string name = a.get("recipe", "fp4"); name != "fp4") {
+    recipes.assign(1, Recipe::kNvfp4);
+    if (!parse_recipe(name, &recipes[0])) {
+      throw UsageError("--recipe: unknown recipe '" + name + "' (see fp4attn recipes)");
+    }
+  }
+  std::vector<InputKind> inputs(std::begin(kAllInputKinds), std::end(kAllInputKinds));
+  if (const std::string name = a.get("input", "gaussian"); name != "all") {
+    inputs.assign(1, InputKind::kGaussian);
+    if (!parse_input_kind(name, &inputs[0])) {
+      throw UsageError(
+          "--input: expected gaussian, outliers, large-logits, near-uniform or all, got '" + name +
+          "'");
+    }
+  }
+
+  std::printf("fp4attn emulation: b=%lld h=%lld s=%lld d=%lld %s, seed %llu\n", (long long)b,
+              (long long)h, (long long)s, (long long)d, causal ? "causal" : "non-causal",
+              (unsigned long long)seed);
+  std::printf("folded = Hopper (E4M3 operands), exact = Blackwell block-scaled products\n\n");
+  std::printf("%-11s %-13s %12s %12s %9s %9s %9s %9s\n", "recipe", "input", "fold-vs-exact",
+              "fold-max-abs", "fold-cos", "fold-rl2", "exact-cos", "exact-rl2");
+  std::vector<Row> rows;
+  for (InputKind kind : inputs) {
+    SuiteInputs in = make_inputs(kind, b, s, s, h, h, d, seed);
+    std::vector<double> ref(b * s * h * d);
+    const Status st =
+        reference_attention_forward(make_view(in.q.data(), DType::kF32, {b, s, h, d}),
+                                    make_view(in.k.data(), DType::kF32, {b, s, h, d}),
+                                    make_view(in.v.data(), DType::kF32, {b, s, h, d}), {0, causal},
+                                    make_view(ref.data(), DType::kF64, {b, s, h, d}), TensorView{});
+    if (!st.ok()) throw UsageError(st.message());
+    for (Recipe r : recipes) {
+      const std::vector<double> f = golden(in, r, Emulation::kFoldedE4M3, causal);
+      const std::vector<double> x = golden(in, r, Emulation::kBlockScaledExact, causal);
+      const auto n = static_cast<int64_t>(ref.size());
+      Row row{recipe_name(r), input_kind_name(kind), compare(f.data(), x.data(), n),
+              compare(f.data(), ref.data(), n), compare(x.data(), ref.data(), n)};
+      std::printf("%-11s %-13s %12.4e %12.4e %9.5f %9.5f %9.5f %9.5f\n", row.recipe.c_str(),
+                  row.input.c_str(), row.folded_vs_exact.rel_l2, row.folded_vs_exact.max_abs,
+                  row.folded_vs_f64.cos, row.folded_vs_f64.rel_l2, row.exact_vs_f64.cos,
+                  row.exact_vs_f64.rel_l2);
+      std::fflush(stdout);
+      rows.push_back(row);
+    }
+  }
+  if (a.has("json")) {
+    const std::string path = a.get("json", "");
+    std::ofstream out(path);
+    if (!out) throw UsageError("--json: cannot open '" + path + "' for writing");
+    std::string command = "fp4attn emulation";
+    for (const std::string& arg : argv) command += " " + arg;
+    out << "{\"suite\": \"emulation\", \"command\": \"" << command << "\",\n \"records\": [";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      out << (i ? "," : "") << "\n  {\"recipe\": \"" << r.recipe << "\", \"input\": \"" << r.input
+          << "\", \"b\": " << b << ", \"h\": " << h << ", \"s\": " << s << ", \"d\": " << d
+          << ", \"causal\": " << (causal ? "true" : "false") << ", "
+          << json_stats("folded_vs_exact", r.folded_vs_exact) << ", "
+          << json_stats("folded_vs_f64", r.folded_vs_f64) << ", "
+          << json_stats("exact_vs_f64", r.exact_vs_f64) << "}";
+    }
+    out << "\n]}\n";
+  }
+  return 0;
+}
+
+}  // namespace fp4attn::cli
