@@ -8,18 +8,27 @@ namespace fp4attn {
 
 class Status {
  public:
+  enum class Code { kOk, kInvalid, kUnsupported };
+
   Status() = default;
   static Status Ok() { return Status(); }
   // The message names the argument and says what was expected, e.g.
   // "q: expected rank 4 (batch, seqlen, heads, head_dim), got rank 3".
-  static Status Invalid(std::string message) { return Status(std::move(message)); }
+  static Status Invalid(std::string message) { return Status(Code::kInvalid, std::move(message)); }
+  // A valid request this build or device cannot run (yet), e.g. a recipe the GPU engine lacks:
+  // callers can fall back (to the CPU golden model, another recipe) instead of fixing input.
+  static Status Unsupported(std::string message) {
+    return Status(Code::kUnsupported, std::move(message));
+  }
 
-  bool ok() const { return !failed_; }
+  bool ok() const { return code_ == Code::kOk; }
+  bool unsupported() const { return code_ == Code::kUnsupported; }
+  Code code() const { return code_; }
   const std::string& message() const { return message_; }
 
  private:
-  explicit Status(std::string message) : failed_(true), message_(std::move(message)) {}
-  bool failed_ = false;
+  Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
+  Code code_ = Code::kOk;
   std::string message_;
 };
 

@@ -43,10 +43,10 @@ def run_cuda(fn, *args):
     """Calls a CUDA entry point; a refused recipe becomes UnsupportedError."""
     try:
         return fn(*args)
-    except ValueError as e:
-        if str(e).startswith("recipe:"):
-            raise UnsupportedError(str(e)) from None
-        raise
+    except NotImplementedError as e:  # Status::Unsupported from the C++ core
+        if isinstance(e, UnsupportedError):
+            raise
+        raise UnsupportedError(str(e)) from None
 
 
 def as_codes(t: torch.Tensor) -> torch.Tensor:

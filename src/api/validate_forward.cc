@@ -34,7 +34,7 @@ Status check_aligned(const void* p, const char* name, int bytes) {
 
 Status check_options(const ForwardOptions& opt) {
   if (!forward_recipe_supported(opt.recipe)) {
-    return Status::Invalid(std::string("recipe: '") + recipe_name(opt.recipe) +
+    return Status::Unsupported(std::string("recipe: '") + recipe_name(opt.recipe) +
                            "' does not run on the GPU engine yet (supported: fp8)");
   }
   if (!std::isfinite(opt.softmax_scale) || opt.softmax_scale < 0) {

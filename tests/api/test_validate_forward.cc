@@ -124,9 +124,11 @@ TEST(ValidateForward, RejectsBadOptions) {
   ForwardOptions opt;
   opt.recipe = Recipe::kNvfp4Fast;
   expect_error(ops.check(opt), "recipe");
+  EXPECT_TRUE(ops.check(opt).unsupported()) << "a recipe the engine lacks is not a user error";
   opt = {};
   opt.softmax_scale = -1;
   expect_error(ops.check(opt), "softmax_scale");
+  EXPECT_FALSE(ops.check(opt).unsupported());
   opt.softmax_scale = std::numeric_limits<float>::quiet_NaN();
   expect_error(ops.check(opt), "softmax_scale");
 }
