@@ -78,7 +78,9 @@ TEST_P(BackwardEveryRecipe, CausalKeepsLaterKeysOutOfARowsGradients) {
     EXPECT_GT(before, 0);
     EXPECT_EQ(after, 0);
     for (int64_t x = 0; x < p.q_numel(); ++x) {
-      if (x / p.d != row) EXPECT_EQ(g.dq[x], 0) << "only the row with a gradient moves q";
+      if (x / p.d != row) {
+        EXPECT_EQ(g.dq[x], 0) << "only the row with a gradient moves q";
+      }
     }
   }
 }
@@ -99,7 +101,9 @@ TEST_P(BackwardEveryRecipe, RowsWithoutKeysContributeNothing) {
     EXPECT_EQ(g.dk, gq.dk);
     EXPECT_EQ(g.dv, gq.dv);
     for (int64_t x = 0; x < p.q_numel(); ++x) {
-      if ((x / (p.h * p.d)) < p.s_q - p.s_k) EXPECT_EQ(g.dq[x], 0);
+      if ((x / (p.h * p.d)) < p.s_q - p.s_k) {
+        EXPECT_EQ(g.dq[x], 0);
+      }
     }
   }
   Problem none = p;
