@@ -10,6 +10,7 @@ from ._checks import RECIPES
 from ._native import _C, UnsupportedError
 from .api import attn_func, attn_quantized, quantize_q, quantize_qkv
 from .quantized import QuantizedQKV
+from .varlen import attn_varlen_func
 
 __version__ = "0.1.0"
 
@@ -28,6 +29,7 @@ __all__ = [
     "UnsupportedError",
     "attn_func",
     "attn_quantized",
+    "attn_varlen_func",
     "cuda_available",
     "quantize_q",
     "quantize_qkv",
