@@ -549,7 +549,7 @@ __device__ __noinline__ uint4 nvfp4_fold_generic_raw(uint4 r0, uint4 r1, const f
   return o;
 }
 
-// ---- fold tables ---------------------------------------------------------------------------------
+// ---- fold tables -------------------------------------------------------------------------------
 
 // Row sc: the 8 folded bytes of NVFP4 scale code sc; row k + 248: MXFP4 offset k
 // (operand_qk_fast.cuh). Rewritten with the same values by every launch of fold_table_kernel
