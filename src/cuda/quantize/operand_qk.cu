@@ -16,6 +16,9 @@
 //   3. quantize: one thread per 16-element NVFP4 block (32 for MX, 16 values for bf16), two
 //      16-byte loads, the HD block quantizer, the folded E4M3 bytes in 16-byte stores; fp8: one
 //      CTA per 128-token tile (amax over the whole 128 x d tile in shared memory, then codes).
+//      NVFP4: nvfp4_slice_setup_kernel first (s_enc, 8 / s_enc and the scale table per slice, so
+//      the block kernel has no division), then nvfp4_operand_kernel (up to 8 blocks per thread),
+//      and nvfp4_operand_generic_kernel for slices without a finite table.
 //
 // Speed (operand_qk_fast.cuh): inputs unpacked without NaN quieting where only NaN-ness matters,
 // block amax as packed 16-bit integer maxima, NVFP4 blocks by nvfp4_operand_kernel (a per-CTA
@@ -546,19 +549,6 @@ __device__ __noinline__ uint4 nvfp4_fold_generic_raw(uint4 r0, uint4 r1, const f
   return o;
 }
 
-// The grid-stride loop of nvfp4_operand_kernel over one slice with nvfp4_fold_generic_raw (out of
-// line: the fast loop keeps its registers).
-template <bool kF16, Nvfp4ScaleRule kRule>
-__device__ __noinline__ void nvfp4_slice_generic(int64_t u, int64_t units, int64_t stride,
-                                                 const uint16_t* src, int64_t src_step,
-                                                 uint8_t* dst, const float* mean_c, float s_enc) {
-  for (; u < units; u += stride, src += src_step, dst += stride * kNvfp4Block) {
-    const uint4* p = reinterpret_cast<const uint4*>(src);
-    *reinterpret_cast<uint4*>(dst) =
-        nvfp4_fold_generic_raw<kF16, kRule>(__ldg(p), __ldg(p + 1), mean_c, s_enc);
-  }
-}
-
 // ---- fold tables -------------------------------------------------------------------------------
 
 // Row sc: the 8 folded bytes of NVFP4 scale code sc; row k + 248: MXFP4 offset k
@@ -738,72 +728,127 @@ __device__ __forceinline__ uint4 nvfp4_operand_block(const uint4& r0, const uint
   return o;
 }
 
+// The NVFP4 parameters of one (b, h) slice (or of all slices for a static s_enc), written by
+// nvfp4_slice_setup_kernel so that the block kernels hold no division (their slow paths are calls,
+// whose register convention cost the fast kernel registers and CTAs per SM).
+struct Nvfp4Slice {
+  float s_enc;
+  float factor;   // golden_operands.cc: 8 / s_enc
+  uint32_t fast;  // s_enc > 0 with packed::nvfp4_table_finite: nvfp4_operand_kernel, else generic
+  uint32_t unused;
+};
+
+// One CTA of 128 threads per slice: its s_enc (static, or from the slice amax), factor and the
+// table of packed::nvfp4_fill_scale_table.
+template <Nvfp4ScaleRule kRule>
+__global__ void __launch_bounds__(128)
+    nvfp4_slice_setup_kernel(const uint32_t* __restrict__ slice_max, float static_s_enc,
+                             Nvfp4Slice* __restrict__ slices, float2* __restrict__ tables) {
+  const int64_t i = blockIdx.x;
+  const float s_enc =
+      static_s_enc != 0.f ? static_s_enc : nvfp4_tensor_scale(bits_float(slice_max[i]), kRule);
+  packed::nvfp4_fill_scale_table(s_enc, tables + i * 128);
+  if (threadIdx.x == 0) {
+    const bool fast = s_enc > 0.f && packed::nvfp4_table_finite(s_enc);
+    slices[i] = {s_enc, detail::div_rn(8.f, s_enc), fast ? 1u : 0u, 0u};
+  }
+}
+
+// Register budget of nvfp4_operand_kernel as CTAs of kThreads per SM (the most ptxas fits without
+// spills): Four-Over-Six 3 (80 registers), the single-candidate rules 4 (64). Occupancy is what
+// keeps loads in flight here: every CTA of the bench streams its slice once.
+template <Nvfp4ScaleRule kRule>
+constexpr int nvfp4_operand_min_ctas() {
+  if (kRule == Nvfp4ScaleRule::kFourOverSix) return 3;
+  return 4;
+}
+
 // NVFP4 Q/K operands (nvfp4, nvfp4-hx, nvfp4-fast, nvfp4-all, fp4-direct): one 16-value block per
-// thread and grid-stride step. The slice's s_enc and its per-CTA scale table are set up once per
-// (b, h); a thread's block column is fixed (the stride is a multiple of d / 16), so its mean
-// values (kSmooth) stay in registers and its addresses are one 64-bit multiply-add.
-// s_enc beyond nvfp4_table_finite (static scales > FLT_MAX / 512 only) takes the reference
-// functions for every block.
+// thread and grid-stride step, several steps per thread (launch_nvfp4_operand sizes the grid), the
+// next step's loads issued before this step's math. Per slice: the first loads, then the table
+// from nvfp4_slice_setup_kernel into shared memory (its latency hidden behind the loads). A
+// thread's block column is fixed (the stride is a multiple of d / 16): its addresses advance by
+// fixed steps. Slices without a finite table
+// (Nvfp4Slice::fast false) are left to nvfp4_operand_generic_kernel.
 template <bool kF16, int kD, Nvfp4ScaleRule kRule, bool kSmooth>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, nvfp4_operand_min_ctas<kRule>())
     nvfp4_operand_kernel(XArgs a, const float* __restrict__ mean,
-                         const uint32_t* __restrict__ slice_max, float static_s_enc,
-                         void* __restrict__ data, float* __restrict__ scale) {
+                         const Nvfp4Slice* __restrict__ slices, const float2* __restrict__ tables,
+                         int64_t slice_step, void* __restrict__ data, float* __restrict__ scale) {
   constexpr int kNb = kD / kNvfp4Block;
   static_assert(kThreads % kNb == 0);
   __shared__ float2 table[128];
+  // kSmooth: the slice's channel means, read per block (16 registers fewer than keeping the
+  // thread's 16 means live, which spilled at the 80-register budget).
+  __shared__ __align__(16) float smean[kSmooth ? kD : 1];
   const int64_t units = a.s * kNb;
   const int64_t tiles = (a.s + kOperandTileTokens - 1) / kOperandTileTokens;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   const int blk = static_cast<int>(threadIdx.x % kNb);
+  const int64_t u0 = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   for (int64_t bh = blockIdx.y; bh < a.nbh; bh += gridDim.y) {
-    const float s_enc =
-        static_s_enc != 0.f ? static_s_enc : nvfp4_tensor_scale(bits_float(slice_max[bh]), kRule);
-    const float factor = detail::div_rn(8.f, s_enc);  // golden_operands.cc: 8 / s_enc
-    const bool fast = s_enc > 0.f && packed::nvfp4_table_finite(s_enc);
-    __syncthreads();  // the previous slice's table reads are done
-    packed::nvfp4_fill_scale_table(s_enc, table);
-    __syncthreads();
-    const uint16_t* src0 =
-        a.x + (bh / a.h) * a.stride_b + (bh % a.h) * a.stride_h + blk * kNvfp4Block;
-    uint8_t* dst0 = static_cast<uint8_t*>(data) + bh * a.s * kD;
-    float mu[kNvfp4Block];
-#pragma unroll
-    for (int i = 0; i < kNvfp4Block; ++i) {
-      mu[i] = kSmooth ? __ldg(mean + bh * kD + blk * kNvfp4Block + i) : 0.f;
-    }
-    // The next grid-stride unit's two loads are issued before this unit's math (32 more bytes in
-    // flight per thread). The stride is a multiple of kNb: a thread's source and destination
-    // advance by fixed steps.
-    const int64_t u0 = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+    const uint16_t* src = a.x + (bh / a.h) * a.stride_b + (bh % a.h) * a.stride_h +
+                          blk * kNvfp4Block + u0 / kNb * a.stride_s;
     const int64_t src_step = stride / kNb * a.stride_s;
-    const uint16_t* src = src0 + u0 / kNb * a.stride_s;
-    uint8_t* dst = dst0 + u0 * kNvfp4Block;
+    uint8_t* dst = static_cast<uint8_t*>(data) + bh * a.s * kD + u0 * kNvfp4Block;
     uint4 n0 = make_uint4(0, 0, 0, 0), n1 = n0;
     if (u0 < units) {
       n0 = __ldg(reinterpret_cast<const uint4*>(src));
       n1 = __ldg(reinterpret_cast<const uint4*>(src) + 1);
     }
-    const float* mean_c = kSmooth ? mean + bh * kD + blk * kNvfp4Block : nullptr;
-    if (!fast) {  // static s_enc beyond the table's range: the reference functions
-      nvfp4_slice_generic<kF16, kRule>(u0, units, stride, src, src_step, dst, mean_c, s_enc);
-      for (int64_t u = u0; u < units; u += stride) {
-        if (u % (kOperandTileTokens * kNb) == 0) {
-          scale[bh * tiles + u / kNb / kOperandTileTokens] = factor;
-        }
-      }
-      continue;
-    }
+    const int64_t si = bh * slice_step;
+    __syncthreads();  // the previous slice's table (and mean) reads are done
+    if (threadIdx.x < 128) table[threadIdx.x] = __ldg(tables + si * 128 + threadIdx.x);
+    if (kSmooth && threadIdx.x < kD) smean[threadIdx.x] = __ldg(mean + bh * kD + threadIdx.x);
+    const float s_enc = __ldg(&slices[si].s_enc), factor = __ldg(&slices[si].factor);
+    const bool fast = __ldg(&slices[si].fast) != 0u;
+    __syncthreads();
+    if (!fast) continue;
     for (int64_t u = u0; u < units; u += stride, src += src_step, dst += stride * kNvfp4Block) {
       const uint4 r0 = n0, r1 = n1;
       if (u + stride < units) {
         n0 = __ldg(reinterpret_cast<const uint4*>(src + src_step));
         n1 = __ldg(reinterpret_cast<const uint4*>(src + src_step) + 1);
       }
+      float mu[kNvfp4Block];
+#pragma unroll
+      for (int i = 0; i < kNvfp4Block; ++i) mu[i] = kSmooth ? smean[blk * kNvfp4Block + i] : 0.f;
       *reinterpret_cast<uint4*>(dst) =
           nvfp4_operand_block<kF16, kRule, kSmooth>(r0, r1, mu, s_enc, table);
       if (u % (kOperandTileTokens * kNb) == 0) {
         scale[bh * tiles + u / kNb / kOperandTileTokens] = factor;
+      }
+    }
+  }
+}
+
+// The slices without a finite table (a static s_enc beyond packed::nvfp4_table_finite, or a
+// computed one from a tiny slice amax): every block by the reference functions. Launched only when
+// such a slice can exist; the others return at once.
+template <bool kF16, int kD, Nvfp4ScaleRule kRule>
+__global__ void __launch_bounds__(kThreads)
+    nvfp4_operand_generic_kernel(XArgs a, const float* __restrict__ mean,
+                                 const Nvfp4Slice* __restrict__ slices, int64_t slice_step,
+                                 void* __restrict__ data, float* __restrict__ scale) {
+  constexpr int kNb = kD / kNvfp4Block;
+  const int64_t units = a.s * kNb;
+  const int64_t tiles = (a.s + kOperandTileTokens - 1) / kOperandTileTokens;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t bh = blockIdx.y; bh < a.nbh; bh += gridDim.y) {
+    const Nvfp4Slice sl = slices[bh * slice_step];
+    if (sl.fast != 0u) continue;
+    for (int64_t u = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; u < units;
+         u += stride) {
+      const int64_t token = u / kNb;
+      const int blk = static_cast<int>(u % kNb);
+      const uint4* p =
+          reinterpret_cast<const uint4*>(row_chunk<kD, kNvfp4Block>(a, bh, token, blk));
+      const float* mean_c = mean != nullptr ? mean + bh * kD + blk * kNvfp4Block : nullptr;
+      *reinterpret_cast<uint4*>(static_cast<uint8_t*>(data) + (bh * a.s + token) * kD +
+                                blk * kNvfp4Block) =
+          nvfp4_fold_generic_raw<kF16, kRule>(__ldg(p), __ldg(p + 1), mean_c, sl.s_enc);
+      if (blk == 0 && token % kOperandTileTokens == 0) {
+        scale[bh * tiles + token / kOperandTileTokens] = sl.factor;
       }
     }
   }
@@ -911,6 +956,72 @@ struct Launch {
   cudaStream_t stream;
 };
 
+int sm_count() {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) {
+      return 132;
+    }
+    return n;
+  }();
+  return sms;
+}
+
+// Host twin of packed::nvfp4_table_finite (the same single FP32 product) with s_enc > 0.
+bool nvfp4_static_fast(float s_enc) { return s_enc > 0.f && s_enc * 512.f <= 3.4028234e38f; }
+
+// Pass 3 for the NVFP4 rules: nvfp4_slice_setup_kernel (one table for a static s_enc, one per
+// slice for computed ones), nvfp4_operand_kernel, and nvfp4_operand_generic_kernel where a slice
+// may lack a finite table. slice_max: the slice amaxes when tensor_scale is 0.
+template <bool kF16, int kD, Nvfp4ScaleRule kRule>
+Status launch_nvfp4_operand(const Launch& l, const uint32_t* slice_max, float tensor_scale,
+                            void* data, float* scale) {
+  const XArgs& a = l.a;
+  const bool computed = tensor_scale == 0.f;
+  const int64_t n = computed ? a.nbh : 1;
+  const int64_t step = computed ? 1 : 0;
+  void* scratch = nullptr;
+  const size_t table_offset = static_cast<size_t>(n) * sizeof(Nvfp4Slice);
+  FP4ATTN_RETURN_IF_ERROR(
+      cuda_status(cudaMallocAsync(&scratch, table_offset + n * 128 * sizeof(float2), l.stream),
+                  "cudaMallocAsync"));
+  Nvfp4Slice* slices = static_cast<Nvfp4Slice*>(scratch);
+  float2* tables = reinterpret_cast<float2*>(static_cast<char*>(scratch) + table_offset);
+  nvfp4_slice_setup_kernel<kRule>
+      <<<static_cast<unsigned>(n), 128, 0, l.stream>>>(slice_max, tensor_scale, slices, tables);
+  Status st = cuda_status(cudaGetLastError(), "nvfp4_slice_setup_kernel launch");
+  const int64_t units = a.s * (kD / kNvfp4Block);
+  if (st.ok() && (computed || nvfp4_static_fast(tensor_scale))) {
+    // Blocks per thread: up to 8 where the grid still gives every SM many CTAs (the setup per
+    // CTA and slice is then paid once per 8 blocks, and each step's loads overlap the previous
+    // step's math); 1 for small inputs.
+    const int64_t threads_needed = a.nbh * ((units + kThreads - 1) / kThreads) * kThreads;
+    const int64_t enough = int64_t{sm_count()} * 4 * 4 * kThreads;  // SMs x CTAs x waves x threads
+    const int64_t per = std::clamp<int64_t>(threads_needed / enough, 1, 8);
+    const dim3 grid = slice_grid((units + kThreads * per - 1) / (kThreads * per), a.nbh);
+    auto launch = [&](auto kernel, const float* mean) {
+      kernel<<<grid, kThreads, 0, l.stream>>>(a, mean, slices, tables, step, data, scale);
+    };
+    if (l.mean != nullptr) {
+      launch(nvfp4_operand_kernel<kF16, kD, kRule, true>, l.mean);
+    } else {
+      launch(nvfp4_operand_kernel<kF16, kD, kRule, false>, nullptr);
+    }
+    st = cuda_status(cudaGetLastError(), "nvfp4_operand_kernel launch");
+  }
+  if (st.ok() && (computed || !nvfp4_static_fast(tensor_scale))) {
+    // Few CTAs: with a computed s_enc almost every slice has a table and returns at once.
+    const int64_t gx = computed ? std::min<int64_t>((units + kThreads - 1) / kThreads, 4)
+                                : (units + kThreads - 1) / kThreads;
+    nvfp4_operand_generic_kernel<kF16, kD, kRule>
+        <<<slice_grid(gx, a.nbh), kThreads, 0, l.stream>>>(a, l.mean, slices, step, data, scale);
+    st = cuda_status(cudaGetLastError(), "nvfp4_operand_generic_kernel launch");
+  }
+  const Status free_st = cuda_status(cudaFreeAsync(scratch, l.stream), "cudaFreeAsync");
+  return st.ok() ? free_st : st;
+}
+
 // Passes 2 and 3 for one (dtype, head_dim).
 template <bool kF16, int kD>
 Status run_passes(const Launch& l, Recipe recipe, float tensor_scale, void* data, float* scale) {
@@ -953,35 +1064,27 @@ Status run_passes(const Launch& l, Recipe recipe, float tensor_scale, void* data
     }
   }
   fold_table_kernel<<<1, 512, 0, l.stream>>>();
-  auto launch = [&](auto smooth_kernel, auto plain_kernel) {
-    if (l.mean != nullptr) {
-      smooth_kernel<<<grid, kThreads, 0, l.stream>>>(a, l.mean, slice_max, tensor_scale, data,
-                                                     scale);
-    } else {
-      plain_kernel<<<grid, kThreads, 0, l.stream>>>(a, l.mean, slice_max, tensor_scale, data,
-                                                    scale);
-    }
-  };
+  Status st = Status::Ok();
   switch (recipe) {
     case Recipe::kMxfp4:
       // One kernel: the split MX kernels would take more registers (occupancy) when smoothed.
-      launch(quantize_kernel<kF16, kD, Mode::kMx, Nvfp4ScaleRule::kNearest>,
-             quantize_kernel<kF16, kD, Mode::kMx, Nvfp4ScaleRule::kNearest>);
+      quantize_kernel<kF16, kD, Mode::kMx, Nvfp4ScaleRule::kNearest>
+          <<<grid, kThreads, 0, l.stream>>>(a, l.mean, slice_max, tensor_scale, data, scale);
+      st = cuda_status(cudaGetLastError(), "quantize_kernel launch");
       break;
     case Recipe::kNvfp4Hx:
-      launch(nvfp4_operand_kernel<kF16, kD, Nvfp4ScaleRule::kRestricted, true>,
-             nvfp4_operand_kernel<kF16, kD, Nvfp4ScaleRule::kRestricted, false>);
+      st = launch_nvfp4_operand<kF16, kD, Nvfp4ScaleRule::kRestricted>(l, slice_max, tensor_scale,
+                                                                       data, scale);
       break;
     case Recipe::kFp4Direct:
-      launch(nvfp4_operand_kernel<kF16, kD, Nvfp4ScaleRule::kNearest, true>,
-             nvfp4_operand_kernel<kF16, kD, Nvfp4ScaleRule::kNearest, false>);
+      st = launch_nvfp4_operand<kF16, kD, Nvfp4ScaleRule::kNearest>(l, slice_max, tensor_scale,
+                                                                    data, scale);
       break;
     default:  // nvfp4, nvfp4-fast, nvfp4-all: Four-Over-Six
-      launch(nvfp4_operand_kernel<kF16, kD, Nvfp4ScaleRule::kFourOverSix, true>,
-             nvfp4_operand_kernel<kF16, kD, Nvfp4ScaleRule::kFourOverSix, false>);
+      st = launch_nvfp4_operand<kF16, kD, Nvfp4ScaleRule::kFourOverSix>(l, slice_max, tensor_scale,
+                                                                        data, scale);
       break;
   }
-  Status st = cuda_status(cudaGetLastError(), "quantize_kernel launch");
   if (slice_max != nullptr) {
     const Status free_st = cuda_status(cudaFreeAsync(slice_max, l.stream), "cudaFreeAsync");
     if (st.ok()) st = free_st;
