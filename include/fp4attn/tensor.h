@@ -49,5 +49,9 @@ Status check_rank(const TensorView& t, const char* name, int rank, const char* d
 Status check_dtype(const TensorView& t, const char* name, std::initializer_list<DType> allowed);
 Status check_not_null(const TensorView& t, const char* name);
 Status check_strides(const TensorView& t, const char* name);  // non-negative, inner dim stride 1
+// A non-null (unless empty), contiguous tensor of exactly `shape` and `dtype`: outputs and
+// operands whose layout is fixed by the API.
+Status check_contiguous_shape(const TensorView& t, const char* name,
+                              std::initializer_list<int64_t> shape, DType dtype);
 
 }  // namespace fp4attn

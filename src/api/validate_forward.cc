@@ -9,21 +9,6 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-Status check_contiguous(const TensorView& t, const char* name, std::initializer_list<int64_t> shape,
-                        DType dtype) {
-  FP4ATTN_RETURN_IF_ERROR(check_not_null(t, name));
-  const TensorView expected = make_view(nullptr, dtype, shape);
-  bool same = t.rank == expected.rank && t.dtype == dtype && t.is_contiguous();
-  for (int i = 0; same && i < t.rank; ++i) same = t.shape[i] == expected.shape[i];
-  if (!same) {
-    return Status::Invalid(std::string(name) + ": expected a contiguous " + dtype_name(dtype) +
-                           " tensor of shape " + expected.shape_str() + ", got " +
-                           dtype_name(t.dtype) + " " + t.shape_str() +
-                           (t.is_contiguous() ? "" : " (not contiguous)"));
-  }
-  return Status::Ok();
-}
-
 Status check_aligned(const void* p, const char* name, int bytes) {
   if (reinterpret_cast<uintptr_t>(p) % bytes != 0) {
     return Status::Invalid(std::string(name) + ": expected a " + std::to_string(bytes) +
@@ -35,7 +20,7 @@ Status check_aligned(const void* p, const char* name, int bytes) {
 Status check_options(const ForwardOptions& opt) {
   if (!forward_recipe_supported(opt.recipe)) {
     return Status::Unsupported(std::string("recipe: '") + recipe_name(opt.recipe) +
-                           "' does not run on the GPU engine yet (supported: fp8)");
+                               "' does not run on the GPU engine yet (supported: fp8)");
   }
   if (!std::isfinite(opt.softmax_scale) || opt.softmax_scale < 0) {
     return Status::Invalid(
@@ -65,7 +50,7 @@ Status check_outputs(const TensorView& o, const TensorView& lse, const ForwardSh
   }
   FP4ATTN_RETURN_IF_ERROR(check_aligned(o.data, "o", 4));
   if (lse.defined()) {
-    FP4ATTN_RETURN_IF_ERROR(check_contiguous(lse, "lse", {sh.b, sh.h, sh.s_q}, DType::kF32));
+    FP4ATTN_RETURN_IF_ERROR(check_contiguous_shape(lse, "lse", {sh.b, sh.h, sh.s_q}, DType::kF32));
   }
   return Status::Ok();
 }
@@ -120,17 +105,17 @@ Status validate_forward_operands(const ForwardOperands& in, const ForwardOptions
   }
   FP4ATTN_RETURN_IF_ERROR(check_heads(sh.h, sh.h_kv));
   FP4ATTN_RETURN_IF_ERROR(
-      check_contiguous(in.q_data, "q_data", {sh.b, sh.h, sh.s_q, sh.d}, DType::kE4M3));
+      check_contiguous_shape(in.q_data, "q_data", {sh.b, sh.h, sh.s_q, sh.d}, DType::kE4M3));
   FP4ATTN_RETURN_IF_ERROR(
-      check_contiguous(in.k_data, "k_data", {sh.b, sh.h_kv, sh.s_k, sh.d}, DType::kE4M3));
-  FP4ATTN_RETURN_IF_ERROR(check_contiguous(
+      check_contiguous_shape(in.k_data, "k_data", {sh.b, sh.h_kv, sh.s_k, sh.d}, DType::kE4M3));
+  FP4ATTN_RETURN_IF_ERROR(check_contiguous_shape(
       in.v_data, "v_data", {sh.b, sh.h_kv, sh.d, operand_v_pitch(sh.s_k)}, DType::kE4M3));
-  FP4ATTN_RETURN_IF_ERROR(check_contiguous(in.q_scale, "q_scale",
-                                           {sh.b, sh.h, operand_scale_tiles(sh.s_q)}, DType::kF32));
-  FP4ATTN_RETURN_IF_ERROR(check_contiguous(
+  FP4ATTN_RETURN_IF_ERROR(check_contiguous_shape(
+      in.q_scale, "q_scale", {sh.b, sh.h, operand_scale_tiles(sh.s_q)}, DType::kF32));
+  FP4ATTN_RETURN_IF_ERROR(check_contiguous_shape(
       in.k_scale, "k_scale", {sh.b, sh.h_kv, operand_scale_tiles(sh.s_k)}, DType::kF32));
   FP4ATTN_RETURN_IF_ERROR(
-      check_contiguous(in.v_scale, "v_scale", {sh.b, sh.h_kv, sh.d}, DType::kF32));
+      check_contiguous_shape(in.v_scale, "v_scale", {sh.b, sh.h_kv, sh.d}, DType::kF32));
   // TMA reads 16-byte aligned global tensors.
   FP4ATTN_RETURN_IF_ERROR(check_aligned(in.q_data.data, "q_data", 16));
   FP4ATTN_RETURN_IF_ERROR(check_aligned(in.k_data.data, "k_data", 16));

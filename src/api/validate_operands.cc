@@ -4,24 +4,6 @@
 #include <string>
 
 namespace fp4attn {
-namespace {
-
-Status check_output(const TensorView& t, const char* name, std::initializer_list<int64_t> shape,
-                    DType dtype) {
-  FP4ATTN_RETURN_IF_ERROR(check_not_null(t, name));
-  TensorView expected = make_view(nullptr, dtype, shape);
-  bool same = t.rank == expected.rank && t.dtype == dtype && t.is_contiguous();
-  for (int i = 0; same && i < t.rank; ++i) same = t.shape[i] == expected.shape[i];
-  if (!same) {
-    return Status::Invalid(std::string(name) + ": expected a contiguous " + dtype_name(dtype) +
-                           " tensor of shape " + expected.shape_str() + ", got " +
-                           dtype_name(t.dtype) + " " + t.shape_str());
-  }
-  return Status::Ok();
-}
-
-}  // namespace
-
 Status validate_operand(const TensorView& x, Recipe recipe, OperandRole role,
                         const OperandOptions& opt, const TensorView& data, const TensorView& scale,
                         const TensorView& mean, std::initializer_list<DType> allowed_x) {
@@ -48,14 +30,16 @@ Status validate_operand(const TensorView& x, Recipe recipe, OperandRole role,
   }
   const DType code_type = recipe == Recipe::kBf16 ? DType::kBF16 : DType::kE4M3;
   if (role == OperandRole::kV) {
-    FP4ATTN_RETURN_IF_ERROR(check_output(data, "data", {b, h, d, operand_v_pitch(s)}, code_type));
-    FP4ATTN_RETURN_IF_ERROR(check_output(scale, "scale", {b, h, d}, DType::kF32));
-  } else {
-    FP4ATTN_RETURN_IF_ERROR(check_output(data, "data", {b, h, s, d}, code_type));
     FP4ATTN_RETURN_IF_ERROR(
-        check_output(scale, "scale", {b, h, operand_scale_tiles(s)}, DType::kF32));
+        check_contiguous_shape(data, "data", {b, h, d, operand_v_pitch(s)}, code_type));
+    FP4ATTN_RETURN_IF_ERROR(check_contiguous_shape(scale, "scale", {b, h, d}, DType::kF32));
+  } else {
+    FP4ATTN_RETURN_IF_ERROR(check_contiguous_shape(data, "data", {b, h, s, d}, code_type));
+    FP4ATTN_RETURN_IF_ERROR(
+        check_contiguous_shape(scale, "scale", {b, h, operand_scale_tiles(s)}, DType::kF32));
   }
-  if (opt.smooth_k) FP4ATTN_RETURN_IF_ERROR(check_output(mean, "mean", {b, h, d}, DType::kF32));
+  if (opt.smooth_k)
+    FP4ATTN_RETURN_IF_ERROR(check_contiguous_shape(mean, "mean", {b, h, d}, DType::kF32));
   return Status::Ok();
 }
 

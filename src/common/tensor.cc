@@ -162,6 +162,20 @@ Status check_dtype(const TensorView& t, const char* name, std::initializer_list<
                          dtype_name(t.dtype));
 }
 
+Status check_contiguous_shape(const TensorView& t, const char* name,
+                              std::initializer_list<int64_t> shape, DType dtype) {
+  FP4ATTN_RETURN_IF_ERROR(check_not_null(t, name));
+  const TensorView want = make_view(nullptr, dtype, shape);
+  bool same = t.rank == want.rank && t.dtype == dtype && t.is_contiguous();
+  for (int i = 0; same && i < t.rank; ++i) same = t.shape[i] == want.shape[i];
+  if (!same) {
+    return Status::Invalid(std::string(name) + ": expected a contiguous " + dtype_name(dtype) +
+                           " tensor of shape " + want.shape_str() + ", got " + dtype_name(t.dtype) +
+                           " " + t.shape_str() + (t.is_contiguous() ? "" : " (not contiguous)"));
+  }
+  return Status::Ok();
+}
+
 Status check_strides(const TensorView& t, const char* name) {
   for (int i = 0; i < t.rank; ++i) {
     if (t.stride[i] < 0) {

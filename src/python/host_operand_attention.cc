@@ -20,19 +20,6 @@ struct Dims {
   int64_t b, h, h_kv, s_q, s_k, d;
 };
 
-Status expect(const TensorView& t, const char* name, std::initializer_list<int64_t> shape,
-              DType dtype) {
-  const TensorView want = make_view(nullptr, dtype, shape);
-  bool same = t.rank == want.rank && t.dtype == dtype && t.is_contiguous();
-  for (int i = 0; same && i < t.rank; ++i) same = t.shape[i] == want.shape[i];
-  if (!same) {
-    return Status::Invalid(std::string(name) + ": expected a contiguous " + dtype_name(dtype) +
-                           " tensor of shape " + want.shape_str() + ", got " + dtype_name(t.dtype) +
-                           " " + t.shape_str());
-  }
-  return t.numel() == 0 ? Status::Ok() : check_not_null(t, name);
-}
-
 // The operands' shapes follow from q_data [b, h, s_q, d] and k_data [b, h_kv, s_k, d].
 Status validate(const ForwardOperands& in, const RecipeOptions& opt, const TensorView& o,
                 const TensorView& lse, Dims* dims) {
@@ -53,15 +40,18 @@ Status validate(const ForwardOperands& in, const RecipeOptions& opt, const Tenso
     return Status::Invalid("q_data/k_data: number of heads " + std::to_string(x.h) +
                            " is not a multiple of kv heads " + std::to_string(x.h_kv));
   }
-  FP4ATTN_RETURN_IF_ERROR(expect(in.q_data, "q_data", {x.b, x.h, x.s_q, x.d}, code));
-  FP4ATTN_RETURN_IF_ERROR(expect(in.k_data, "k_data", {x.b, x.h_kv, x.s_k, x.d}, code));
   FP4ATTN_RETURN_IF_ERROR(
-      expect(in.q_scale, "q_scale", {x.b, x.h, operand_scale_tiles(x.s_q)}, DType::kF32));
+      check_contiguous_shape(in.q_data, "q_data", {x.b, x.h, x.s_q, x.d}, code));
   FP4ATTN_RETURN_IF_ERROR(
-      expect(in.k_scale, "k_scale", {x.b, x.h_kv, operand_scale_tiles(x.s_k)}, DType::kF32));
+      check_contiguous_shape(in.k_data, "k_data", {x.b, x.h_kv, x.s_k, x.d}, code));
+  FP4ATTN_RETURN_IF_ERROR(check_contiguous_shape(
+      in.q_scale, "q_scale", {x.b, x.h, operand_scale_tiles(x.s_q)}, DType::kF32));
+  FP4ATTN_RETURN_IF_ERROR(check_contiguous_shape(
+      in.k_scale, "k_scale", {x.b, x.h_kv, operand_scale_tiles(x.s_k)}, DType::kF32));
+  FP4ATTN_RETURN_IF_ERROR(check_contiguous_shape(in.v_data, "v_data",
+                                                 {x.b, x.h_kv, x.d, operand_v_pitch(x.s_k)}, code));
   FP4ATTN_RETURN_IF_ERROR(
-      expect(in.v_data, "v_data", {x.b, x.h_kv, x.d, operand_v_pitch(x.s_k)}, code));
-  FP4ATTN_RETURN_IF_ERROR(expect(in.v_scale, "v_scale", {x.b, x.h_kv, x.d}, DType::kF32));
+      check_contiguous_shape(in.v_scale, "v_scale", {x.b, x.h_kv, x.d}, DType::kF32));
   const std::initializer_list<DType> floats = {DType::kF64, DType::kF32, DType::kBF16, DType::kF16};
   FP4ATTN_RETURN_IF_ERROR(check_rank(o, "o", 4, "(batch, seqlen_q, heads, head_dim)"));
   FP4ATTN_RETURN_IF_ERROR(check_dtype(o, "o", floats));

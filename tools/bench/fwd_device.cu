@@ -3,19 +3,11 @@
 #include <cmath>
 
 #include "fwd_device.h"
+#include "mix64.cuh"
 #include "timing.h"
 
 namespace fp4attn::bench {
 namespace {
-
-// A 64-bit mixer (SplitMix64's finalizer): element i of seed s gets its own uniform bits, so the
-// values do not depend on the launch shape.
-__device__ uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // One pair of normals per 64 random bits: two 32-bit uniforms in (0, 1], then Box-Muller.
 __global__ void normal_kernel(__nv_bfloat16* dst, size_t count, uint64_t seed) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "fwd_suite.h"
+#include "options.h"
 #include "suites.h"
 
 #ifndef FP4ATTN_BENCH_REVISION
@@ -84,13 +85,8 @@ int fwd_main(int argc, char** argv, const std::string& command) {
   bool reps_given = false, time_given = false;
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
-    std::string key = a, value;
-    bool has_value = false;
-    if (const size_t eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
-      key = a.substr(0, eq);
-      value = a.substr(eq + 1);
-      has_value = true;
-    }
+    std::string key, value;
+    const bool has_value = split_option(a, &key, &value);
     auto next = [&]() -> bool {
       if (has_value) return true;
       if (i + 1 >= argc) {

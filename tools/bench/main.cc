@@ -1,7 +1,8 @@
 // fp4attn_bench: GPU benchmark suites writing the JSON of record (docs/benchmarks.md).
 //
 //   fp4attn_bench quantize [--out FILE] [--sizes 16M,256M,1G,2G] [--quick] [--warmup N] [--reps N]
-//                          [--filter TEXT] [--head-dim 64|128] [--revision SHA] [--device N] [--list]
+//                          [--filter TEXT] [--head-dim 64|128] [--revision SHA] [--device N]
+//                          [--list]
 //   fp4attn_bench fwd [--recipes fp8,...] [--quick] [--json FILE] ...   (fwd_main.cc; --help)
 // The suite may also be named as `--suite NAME` in front.
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "options.h"
 #include "suites.h"
 
 #ifndef FP4ATTN_BENCH_REVISION
@@ -21,19 +23,20 @@ namespace {
 using fp4attn::bench::QuantizeOptions;
 
 void usage(FILE* f) {
-  std::fprintf(f,
-               "usage: fp4attn_bench quantize [options]\n"
-               "       fp4attn_bench fwd [options]   (fp4attn_bench fwd --help)\n"
-               "  --out FILE        JSON output (default quantize.json)\n"
-               "  --sizes LIST      BF16 input sizes, e.g. 16M,256M,1G,2G (the default)\n"
-               "  --quick           16M,256M and fewer repetitions\n"
-               "  --warmup N        warm-up samples (default 3)\n"
-               "  --reps N          timed samples, median reported (default 20)\n"
-               "  --filter TEXT     only cases whose name contains TEXT\n"
-               "  --head-dim D      64 or 128 (default 128; h = 2048 / D)\n"
-               "  --revision SHA    git revision recorded in the JSON (default: the configure-time one)\n"
-               "  --device N        CUDA device (default 0)\n"
-               "  --list            print the cases and exit\n");
+  std::fprintf(
+      f,
+      "usage: fp4attn_bench quantize [options]\n"
+      "       fp4attn_bench fwd [options]   (fp4attn_bench fwd --help)\n"
+      "  --out FILE        JSON output (default quantize.json)\n"
+      "  --sizes LIST      BF16 input sizes, e.g. 16M,256M,1G,2G (the default)\n"
+      "  --quick           16M,256M and fewer repetitions\n"
+      "  --warmup N        warm-up samples (default 3)\n"
+      "  --reps N          timed samples, median reported (default 20)\n"
+      "  --filter TEXT     only cases whose name contains TEXT\n"
+      "  --head-dim D      64 or 128 (default 128; h = 2048 / D)\n"
+      "  --revision SHA    git revision recorded in the JSON (default: the configure-time one)\n"
+      "  --device N        CUDA device (default 0)\n"
+      "  --list            print the cases and exit\n");
 }
 
 // "16M" -> 16 MiB, "2G" -> 2 GiB, "4096" -> bytes. 0 when malformed.
@@ -57,7 +60,8 @@ bool parse_sizes(const std::string& list, std::vector<int64_t>* out) {
   size_t start = 0;
   while (start <= list.size()) {
     const size_t comma = list.find(',', start);
-    const std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const std::string item =
+        list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     const int64_t v = parse_size(item);
     if (v == 0) return false;
     out->push_back(v);
@@ -116,14 +120,8 @@ int main(int argc, char** argv) {
   bool quick = false, sizes_given = false, reps_given = false;
   for (int i = first_option; i < argc; ++i) {
     const std::string a = argv[i];
-    // Accept both "--opt value" and "--opt=value".
-    std::string key = a, value;
-    bool has_value = false;
-    if (const size_t eq = a.find('='); a.rfind("--", 0) == 0 && eq != std::string::npos) {
-      key = a.substr(0, eq);
-      value = a.substr(eq + 1);
-      has_value = true;
-    }
+    std::string key, value;
+    const bool has_value = fp4attn::bench::split_option(a, &key, &value);
     auto next = [&](const char* name) -> bool {
       if (has_value) return true;
       if (i + 1 >= argc) {

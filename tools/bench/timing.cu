@@ -1,5 +1,3 @@
-#include "timing.h"
-
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -9,6 +7,9 @@
 #include <cstring>
 #include <ctime>
 #include <vector>
+
+#include "mix64.cuh"
+#include "timing.h"
 
 namespace fp4attn::bench {
 
@@ -45,21 +46,15 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 
 namespace {
 
-__device__ uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 // Sum of four uniforms, centred and scaled to unit variance (Irwin-Hall): close enough to N(0, 1)
 // for timing, and cheap.
 __global__ void fill_kernel(__nv_bfloat16* dst, size_t count, uint64_t seed) {
   const size_t stride = size_t{gridDim.x} * blockDim.x;
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < count; i += stride) {
-    const uint64_t r = splitmix64(seed * 0x100000001B3ull + i);
+    const uint64_t r = mix64(seed * 0x100000001B3ull + i);
     float sum = 0.f;
-    for (int k = 0; k < 4; ++k) sum += static_cast<float>((r >> (16 * k)) & 0xFFFF) * (1.f / 65536.f);
+    for (int k = 0; k < 4; ++k)
+      sum += static_cast<float>((r >> (16 * k)) & 0xFFFF) * (1.f / 65536.f);
     dst[i] = __float2bfloat16((sum - 2.f) * 1.7320508f);
   }
 }

@@ -123,15 +123,14 @@ __device__ __forceinline__ void load_chunk(const uint16_t* p, const float* mean_
 // value is NaN matters, and the plain ops give NaN exactly when host_sub / load_value do; numbers
 // are identical.
 template <bool kF16, int kN>
+__device__ __forceinline__ void unpack_plain(const uint4* r, const float* mean_c, float* v);
+
+template <bool kF16, int kN>
 __device__ __forceinline__ void load_plain(const uint16_t* p, const float* mean_c, float* v) {
+  uint4 r[kN / 8];
 #pragma unroll
-  for (int j = 0; j < kN / 8; ++j) {
-    operand_fast::unpack8<kF16>(__ldg(reinterpret_cast<const uint4*>(p) + j), v + 8 * j);
-  }
-  if (mean_c != nullptr) {
-#pragma unroll
-    for (int i = 0; i < kN; ++i) v[i] = __fsub_rn(v[i], __ldg(mean_c + i));
-  }
+  for (int j = 0; j < kN / 8; ++j) r[j] = __ldg(reinterpret_cast<const uint4*>(p) + j);
+  unpack_plain<kF16, kN>(r, mean_c, v);
 }
 
 // The same from kN / 8 raw 16-byte vectors already loaded.
@@ -523,9 +522,10 @@ __device__ __noinline__ void nvfp4_fold_generic(const float* v, float s_enc, uin
   uint8_t bytes[kNvfp4Block];
 #pragma unroll
   for (int i = 0; i < kNvfp4Block; ++i) {
-    bytes[i] = sc == 0x7F ? uint8_t{0x7F}
-                          : float_to_e4m3(detail::mul_rn(
-                                detail::mul_rn(e2m1_to_float(codes[i]), f), 0.125f));
+    bytes[i] =
+        sc == 0x7F
+            ? uint8_t{0x7F}
+            : float_to_e4m3(detail::mul_rn(detail::mul_rn(e2m1_to_float(codes[i]), f), 0.125f));
   }
   store16(dst, bytes);
 }
@@ -559,10 +559,12 @@ __device__ __noinline__ void nvfp4_slice_generic(int64_t u, int64_t units, int64
   }
 }
 
-// ---- fold tables ---------------------------------------------------------------------------------
+// ---- fold tables
+// ---------------------------------------------------------------------------------
 
-// Row sc: the 8 folded bytes of NVFP4 scale code sc; row k + 248: MXFP4 offset k (operand_qk_fast.cuh).
-// Rewritten with the same values by every launch of fold_table_kernel (idempotent).
+// Row sc: the 8 folded bytes of NVFP4 scale code sc; row k + 248: MXFP4 offset k
+// (operand_qk_fast.cuh). Rewritten with the same values by every launch of fold_table_kernel
+// (idempotent).
 __device__ uint2 g_nv_fold[256];
 __device__ uint2 g_mx_fold[operand_fast::kMxFoldRows];
 
@@ -631,7 +633,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int j = 0; j < kBlk / 8; ++j) r[j] = __ldg(reinterpret_cast<const uint4*>(src) + j);
         unpack_plain<kF16, kBlk>(r, mean_c, v);
-        amax = mean_c == nullptr ? bits_float(raw_amax_bits_of<kF16, kBlk>(r)) : block_amax(v, kBlk);
+        amax =
+            mean_c == nullptr ? bits_float(raw_amax_bits_of<kF16, kBlk>(r)) : block_amax(v, kBlk);
       }
       if constexpr (kMode == Mode::kBf16) {
         load_chunk<kF16, kBlk>(src, mean_c, v);
@@ -648,8 +651,8 @@ __global__ void __launch_bounds__(kThreads)
         uint32_t w[4];
         const uint32_t sc = packed::mxfp4_block<MxScaleRule::kRoundUp>(v, amax, w);
         const int k = static_cast<int>(sc) - 127 - t;
-        const uint2 row = __ldg(g_mx_fold + min(max(k - operand_fast::kMxFoldMinK, 0),
-                                                operand_fast::kMxFoldRows - 1));
+        const uint2 row = __ldg(
+            g_mx_fold + min(max(k - operand_fast::kMxFoldMinK, 0), operand_fast::kMxFoldRows - 1));
         uint4 o0, o1;
         operand_fast::fold8(w[0], row.x, row.y, o0.x, o0.y);
         operand_fast::fold8(w[1], row.x, row.y, o0.z, o0.w);
