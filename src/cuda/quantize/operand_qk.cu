@@ -559,8 +559,7 @@ __device__ __noinline__ void nvfp4_slice_generic(int64_t u, int64_t units, int64
   }
 }
 
-// ---- fold tables
-// ---------------------------------------------------------------------------------
+// ---- fold tables -------------------------------------------------------------------------------
 
 // Row sc: the 8 folded bytes of NVFP4 scale code sc; row k + 248: MXFP4 offset k
 // (operand_qk_fast.cuh). Rewritten with the same values by every launch of fold_table_kernel
