@@ -35,6 +35,11 @@ constexpr double kMaxRelL2VsGolden = 0.012;
 constexpr double kMaxRelL2VsGoldenSmall = 0.04;  // outputs of fewer than 65536 elements
 constexpr int64_t kSmallOutput = 65536;
 constexpr double kMaxLseAbsVsGolden = 2e-3;
+// nvfp4-fast's P is a rounded code of 8 * (z - m): where the MMA moves a score across a rounding
+// boundary, that P moves one E4M3 step (at most 1/8 of itself), and a row of few keys can see its
+// LSE move up to ln(9/8). Most rows must still agree to 2e-3: a bias would move them all.
+constexpr double kMaxLseAbsVsGoldenCodes = 0.118;  // ln(9/8)
+constexpr double kMaxLseOutlierFraction = 0.02;
 // fp8 recipe vs float64 on N(0,1) inputs (numerics.md §6: 0.9985 / 0.054 at s =
 // 1024).
 constexpr double kMinCosVsExact = 0.997;
@@ -194,16 +199,24 @@ TEST_P(FwdGpuShapes, MatchesGoldenAndExact) {
   EXPECT_EQ(vs_golden.inf_mismatch, 0);
 
   double lse_err = 0;
-  int64_t lse_bad = 0;
+  int64_t lse_bad = 0, lse_outliers = 0;
   for (size_t i = 0; i < g.lse.size(); ++i) {
     if (std::isinf(g.lse[i]) || std::isinf(r1.lse[i])) {
       lse_bad += !(std::isinf(g.lse[i]) && std::isinf(r1.lse[i]) && g.lse[i] > 0 && r1.lse[i] > 0);
     } else {
-      lse_err = std::max(lse_err, std::abs(double(g.lse[i]) - r1.lse[i]));
+      const double e = std::abs(double(g.lse[i]) - r1.lse[i]);
+      lse_err = std::max(lse_err, e);
+      lse_outliers += e > kMaxLseAbsVsGolden;
     }
   }
   EXPECT_EQ(lse_bad, 0) << "LSE +inf rows differ";
-  EXPECT_LE(lse_err, kMaxLseAbsVsGolden);
+  if (pb.recipe == Recipe::kNvfp4Fast) {
+    EXPECT_LE(lse_err, kMaxLseAbsVsGoldenCodes);
+    EXPECT_LE(double(lse_outliers), kMaxLseOutlierFraction * double(g.lse.size()))
+        << lse_outliers << " of " << g.lse.size() << " rows' LSE beyond " << kMaxLseAbsVsGolden;
+  } else {
+    EXPECT_LE(lse_err, kMaxLseAbsVsGolden);
+  }
 
   // Against float64 (skip tiny problems where cosine is noise).
   std::vector<double> exact(o.size());
@@ -220,9 +233,10 @@ TEST_P(FwdGpuShapes, MatchesGoldenAndExact) {
     EXPECT_GE(vs_exact.cos, min_cos_vs_exact(pb.recipe)) << to_string(vs_exact);
   }
   std::printf(
-      "[fwd %s] vs golden: %s lse_max_abs=%.3g | vs f64: cos=%.5f "
+      "[fwd %s] vs golden: %s lse_max_abs=%.3g lse_rows_beyond_2e-3=%lld/%zu | vs f64: cos=%.5f "
       "rel_l2=%.4f\n",
-      pb.name().c_str(), to_string(vs_golden).c_str(), lse_err, vs_exact.cos, vs_exact.rel_l2);
+      pb.name().c_str(), to_string(vs_golden).c_str(), lse_err, (long long)lse_outliers,
+      g.lse.size(), vs_exact.cos, vs_exact.rel_l2);
 }
 
 std::vector<Problem> shapes() {
