@@ -277,6 +277,19 @@ std::vector<Problem> recipe_shapes() {
 INSTANTIATE_TEST_SUITE_P(Recipes, FwdGpuShapes, ::testing::ValuesIn(recipe_shapes()),
                          [](const auto& info) { return info.param.name(); });
 
+// d = 64 causal with s_k >= 8192 takes the 256-key blocks (fwd_wide_block), the shapes above the
+// 128-key ones: both widths meet the diagonal, tails and every P path.
+std::vector<Problem> wide_causal_shapes() {
+  std::vector<Problem> v;
+  for (Recipe r : {Recipe::kFp8, Recipe::kNvfp4Fast}) {
+    v.push_back({1, 300, 8200, 2, 1, 64, true, r});
+    v.push_back({1, 2000, 8200, 1, 1, 64, true, r});
+  }
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(WideCausal, FwdGpuShapes, ::testing::ValuesIn(wide_causal_shapes()),
+                         [](const auto& info) { return info.param.name(); });
+
 TEST(FwdGpu, Fp16OutputAndOperandEntryPoint) {
   SKIP_WITHOUT_GPU();
   const Problem pb{1, 300, 700, 4, 2, 128, true};

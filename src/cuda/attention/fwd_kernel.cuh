@@ -42,17 +42,20 @@ constexpr int ones_bytes() {
 
 // The FP8 P lift of numerics.md §4: P = 2^(z - m + 8) lands in (128, 256].
 constexpr float kPLift = 8.f;
-// Keys per pipeline stage. 128 at d = 128: a 64 x 256 S does not fit the registers beside O and
-// P. At d = 64 the one-tile-per-CTA kernel ran 256 (0df9625), but with the persistent loop's state
-// it spills 92 bytes inside the loop, so 128 until a measurement says otherwise.
-template <int D>
-constexpr int block_n() {
-  return 128;
+// Keys per pipeline stage (N, a template parameter): 128 at d = 128, where a 64 x 256 S does not
+// fit the registers beside O and P. At d = 64 both (scripts/fwd-variants,
+// docs/kernels/fwd_sm90.md): 256 halves the per-block overhead (27% faster non-causal at s =
+// 4096-16384), 128 wastes less past the causal diagonal (5-35% faster causal at s <= 4096);
+// fwd_wide_block() picks. 256 spills 76 bytes in the persistent loop, which costs less than it
+// saves.
+constexpr int kNarrowN = 128;
+constexpr int kWideN = 256;
+inline bool fwd_wide_block(int d, bool causal, int64_t s_k) {
+  return d == 64 && (!causal || s_k >= 8192);
 }
 
-template <int D, int PM>
+template <int D, int PM, int N>
 struct alignas(1024) FwdSmem {
-  static constexpr int N = block_n<D>();
   uint8_t q[kBlockM * D];
   uint8_t k[kStages][N * D];
   uint8_t v[kStages][N / kScaleTile][D * kScaleTile + ones_bytes<PM>()];  // V^T in 128-key boxes
@@ -64,9 +67,9 @@ struct alignas(1024) FwdSmem {
   uint64_t empty[kStages];
 };
 
-template <int D, int PM>
+template <int D, int PM, int N>
 constexpr int fwd_smem_bytes() {
-  return sizeof(FwdSmem<D, PM>) + 1024;  // + slack to align the dynamic base to 1024
+  return sizeof(FwdSmem<D, PM, N>) + 1024;  // + slack to align the dynamic base to 1024
 }
 
 // Keys the CTA's rows may see: [0, n_blocks * N).
@@ -110,9 +113,8 @@ struct Ring {
   __device__ __forceinline__ uint32_t parity(int j) const { return ((it + j) / kStages) & 1; }
 };
 
-template <int D, int PM>
-__device__ void produce(const FwdParams& p, FwdSmem<D, PM>& sm) {
-  constexpr int N = block_n<D>();
+template <int D, int PM, int N>
+__device__ void produce(const FwdParams& p, FwdSmem<D, PM, N>& sm) {
   prefetch_tensor_map(&p.tm_q);
   prefetch_tensor_map(&p.tm_k);
   prefetch_tensor_map(&p.tm_v);
@@ -396,8 +398,8 @@ __device__ __forceinline__ void pack(const float (&s)[SN], uint32_t (&pa)[SN / 1
   }
 }
 
-template <int D, int PM>
-__device__ void consume_tile(const FwdParams& p, FwdSmem<D, PM>& sm, int cw, int batch, int head,
+template <int D, int PM, int N>
+__device__ void consume_tile(const FwdParams& p, FwdSmem<D, PM, N>& sm, int cw, int batch, int head,
                              int kv_head, int m_tile, int n_blocks, const Ring& ring, int q_uses) {
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32, lane = tid % 32;
@@ -408,7 +410,6 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D, PM>& sm, int cw, int
   const int bh = batch * p.h + head;
   const int bh_kv = batch * p.h_kv + kv_head;
 
-  constexpr int N = block_n<D>();
   constexpr int kSN = N / 2;       // S registers per thread (64 x N accumulator)
   constexpr int kPSteps = N / 32;  // k32 steps of the PV GEMM
   // O registers per thread: the 64 x D accumulator, + 64 x 8 row sums of P with the ones block.
@@ -427,7 +428,8 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D, PM>& sm, int cw, int
 #pragma unroll
       for (int h2 = 0; h2 < 2; ++h2) ones_l[h2] += o[D / 2 + 2 * h2];
 #pragma unroll
-      for (int i = D / 2; i < kON; ++i) o[i] = 0.f;
+      for (int i = D / 2; i < kON; ++i)
+        o[i] *= 0.f;  // in place: a new zero register serialized the wgmmas (C7511)
     }
   };
 
@@ -604,15 +606,15 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D, PM>& sm, int cw, int
   }
 }
 
-template <int D, int PM>
-__device__ void consume(const FwdParams& p, FwdSmem<D, PM>& sm, int cw) {
+template <int D, int PM, int N>
+__device__ void consume(const FwdParams& p, FwdSmem<D, PM, N>& sm, int cw) {
   Ring ring;
   int q_uses = 0;
   for (int t = blockIdx.x; t < num_tiles(p); t += gridDim.x) {
     const Tile tile = tile_at(p, t);
-    const int n_blocks = key_blocks<block_n<D>()>(p, tile.m_tile * kBlockM);
-    consume_tile<D, PM>(p, sm, cw, tile.batch, tile.head, tile.head / (p.h / p.h_kv), tile.m_tile,
-                        n_blocks, ring, q_uses);
+    const int n_blocks = key_blocks<N>(p, tile.m_tile * kBlockM);
+    consume_tile<D, PM, N>(p, sm, cw, tile.batch, tile.head, tile.head / (p.h / p.h_kv),
+                           tile.m_tile, n_blocks, ring, q_uses);
     ring.it += n_blocks;
     q_uses += n_blocks > 0;
   }
@@ -621,11 +623,11 @@ __device__ void consume(const FwdParams& p, FwdSmem<D, PM>& sm, int cw) {
 }
 
 // Persistent: gridDim.x CTAs (at most one per SM) walk the tiles of tile_at().
-template <int D, int PM>
+template <int D, int PM, int N>
 __global__ void __launch_bounds__(kThreads, 1) fwd_fp8_kernel(const __grid_constant__ FwdParams p) {
   extern __shared__ uint8_t smem_raw[];
-  auto& sm = *reinterpret_cast<FwdSmem<D, PM>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                                ~uintptr_t(1023));
+  auto& sm = *reinterpret_cast<FwdSmem<D, PM, N>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                                   ~uintptr_t(1023));
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     mbar_init(&sm.q_full, 1);
@@ -637,7 +639,7 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_fp8_kernel(const __grid_const
     fence_barrier_init();
   }
   if constexpr (ones_sum<PM>()) {  // the ones rows after every V^T box, read by the PV wgmma
-    constexpr int N = block_n<D>(), kOnesBytes = ones_bytes<PM>();
+    constexpr int kOnesBytes = ones_bytes<PM>();
     for (int i = threadIdx.x; i < kStages * (N / kScaleTile) * kOnesBytes / 4; i += kThreads) {
       const int box = i / (kOnesBytes / 4), word = i % (kOnesBytes / 4);
       reinterpret_cast<uint32_t*>(sm.v[box / (N / kScaleTile)][box % (N / kScaleTile)] +
@@ -649,10 +651,10 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_fp8_kernel(const __grid_const
 
   if (wg == 0) {
     setmaxnreg_dec<24>();  // frees 128 x 144 registers: exactly what the consumers add
-    if (threadIdx.x == 0) produce<D, PM>(p, sm);
+    if (threadIdx.x == 0) produce<D, PM, N>(p, sm);
   } else {
     setmaxnreg_inc<240>();
-    consume<D, PM>(p, sm, wg - 1);
+    consume<D, PM, N>(p, sm, wg - 1);
   }
 }
 

@@ -86,10 +86,10 @@ bool make_out_map(CUtensorMap* map, const TensorView& o) {
             CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int D, int PM>
+template <int D, int PM, int N>
 Status launch(const FwdParams& p, cudaStream_t stream) {
-  auto kernel = sm90::fwd_fp8_kernel<D, PM>;
-  constexpr int smem = sm90::fwd_smem_bytes<D, PM>();
+  auto kernel = sm90::fwd_fp8_kernel<D, PM, N>;
+  constexpr int smem = sm90::fwd_smem_bytes<D, PM, N>();
   FP4ATTN_RETURN_IF_ERROR(
       cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                   "fwd kernel shared memory"));
@@ -99,7 +99,11 @@ Status launch(const FwdParams& p, cudaStream_t stream) {
   FP4ATTN_RETURN_IF_ERROR(
       cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "device"));
   const int64_t tiles = int64_t(p.m_tiles) * p.h * p.b;
-  const dim3 grid(unsigned(std::min<int64_t>(tiles, sms)));
+#ifndef FP4ATTN_FWD_PERSISTENT
+#define FP4ATTN_FWD_PERSISTENT 1
+#endif
+  // FP4ATTN_FWD_PERSISTENT=0 launches one CTA per tile (for measurements).
+  const dim3 grid(unsigned(FP4ATTN_FWD_PERSISTENT ? std::min<int64_t>(tiles, sms) : tiles));
   kernel<<<grid, sm90::kThreads, smem, stream>>>(p);
   return cuda_status(cudaGetLastError(), "fwd kernel launch");
 }
@@ -140,11 +144,11 @@ Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardO
   const void* k_base = no_keys ? in.q_data.data : in.k_data.data;
   const void* v_base = no_keys ? in.q_data.data : in.v_data.data;
   const int64_t v_pitch = no_keys ? 16 : operand_v_pitch(sh.s_k);
+  const bool wide = sm90::fwd_wide_block(d, opt.causal, sh.s_k);
   FP4ATTN_RETURN_IF_ERROR(
       make_map(&p.tm_q, in.q_data.data, d, sh.s_q, sh.b * sh.h, d, sm90::kBlockM, "q_data"));
   FP4ATTN_RETURN_IF_ERROR(make_map(&p.tm_k, k_base, d, s_k1, no_keys ? 1 : sh.b * sh.h_kv, d,
-                                   d == 128 ? sm90::block_n<128>() : sm90::block_n<64>(),
-                                   "k_data"));
+                                   wide ? sm90::kWideN : sm90::kNarrowN, "k_data"));
   FP4ATTN_RETURN_IF_ERROR(make_map(&p.tm_v, v_base, v_pitch, no_keys ? 1 : d,
                                    no_keys ? 1 : sh.b * sh.h_kv, sm90::kScaleTile, d, "v_data"));
   p.q_scale = in.q_scale.as<float>();
@@ -170,9 +174,13 @@ Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardO
   p.causal = opt.causal ? 1 : 0;
   p.out_fp16 = o.dtype == DType::kF16 ? 1 : 0;
   if (opt.recipe == Recipe::kNvfp4Fast) {
-    return d == 128 ? launch<128, sm90::kPCodes>(p, stream) : launch<64, sm90::kPCodes>(p, stream);
+    if (d == 128) return launch<128, sm90::kPCodes, sm90::kNarrowN>(p, stream);
+    return wide ? launch<64, sm90::kPCodes, sm90::kWideN>(p, stream)
+                : launch<64, sm90::kPCodes, sm90::kNarrowN>(p, stream);
   }
-  return d == 128 ? launch<128, sm90::kPExp2>(p, stream) : launch<64, sm90::kPExp2>(p, stream);
+  if (d == 128) return launch<128, sm90::kPExp2, sm90::kNarrowN>(p, stream);
+  return wide ? launch<64, sm90::kPExp2, sm90::kWideN>(p, stream)
+              : launch<64, sm90::kPExp2, sm90::kNarrowN>(p, stream);
 }
 
 Status attention_forward_cuda(const TensorView& q, const TensorView& k, const TensorView& v,
