@@ -237,8 +237,8 @@ def attn_bwd(
     differentiated (a nonzero one raises UnsupportedError rather than being dropped)."""
     if q.device.type != "cpu":
         raise UnsupportedError(
-            f"q: the GPU backward is not built yet (fp4attn computes gradients on the CPU golden "
-            f"model only); run the forward on CPU tensors to train, got {q.device}"
+            f"q: on {q.device}: the GPU backward is not built yet; fp4attn computes gradients on "
+            "the CPU only (the golden model): run attn_func on CPU tensors to train"
         )
     if dlse is not None and bool(dlse.ne(0).any()):
         raise UnsupportedError(
@@ -256,7 +256,7 @@ def attn_bwd(
 
 @attn_bwd.register_fake
 def _(dout, q, k, v, o, lse, dlse, recipe, softmax_scale, causal, d_source):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
 
 
 def _attn_setup_context(ctx, inputs, output):

@@ -332,6 +332,9 @@ def test_opcheck_attn_bwd():
     for dlse in (None, torch.zeros_like(lse)):
         args = (dout, q, k, v, o, lse, dlse, "nvfp4", 0.0, True, "high-precision-o")
         torch.library.opcheck(_ops.attn_bwd, args)
+    t = lambda x: x.transpose(1, 2).contiguous().transpose(1, 2)  # BSHD views of BHSD buffers
+    args = (t(dout), t(q), t(k), t(v), t(o), lse, None, "fp8", 0.3, False, "forward-o")
+    torch.library.opcheck(_ops.attn_bwd, args)
 
 
 @pytest.mark.parametrize("d_source", ["forward-o", "high-precision-o"])
