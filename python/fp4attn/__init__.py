@@ -8,7 +8,7 @@ tensors on the GPU kernels. See docs/python.md.
 
 from ._checks import RECIPES
 from ._native import _C, UnsupportedError
-from .api import attn_func, attn_quantized, quantize_q, quantize_qkv
+from .api import attn_func, attn_quantized, fake_quantize, quantize_q, quantize_qkv
 from .quantized import QuantizedQKV
 from .varlen import attn_varlen_func
 
@@ -31,6 +31,7 @@ __all__ = [
     "attn_quantized",
     "attn_varlen_func",
     "cuda_available",
+    "fake_quantize",
     "quantize_q",
     "quantize_qkv",
 ]
