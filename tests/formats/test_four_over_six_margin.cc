@@ -18,17 +18,14 @@
 #include <random>
 #include <vector>
 
+#include "common/half.h"
 #include "fp4attn/formats.h"
 #include "fp4attn/quantize.h"
 
 namespace fp4attn {
 namespace {
 
-float bf16_round(float v) {
-  uint32_t u = float_bits(v);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return bits_float(u & 0xFFFF0000u);
-}
+float bf16_round(float v) { return bf16_bits_to_float(float_to_bf16_bits(v)); }
 
 struct Sum {
   long double e = 0, bound = 0;
