@@ -4,6 +4,10 @@ the first append, skipped slots, decode against float64 attention over the decod
 (shuffled pages, ragged lengths, GQA, speculative s_q, varlen), and argument errors."""
 
 import math
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -338,3 +342,13 @@ def test_cuda_decode_raises_unsupported():
         with pytest.raises(UnsupportedError, match="^append_kv: this fp4attn build has no CUDA"):
             k = _tokens(1, 2, 64, 1).to(dev)
             append_kv(gpu, k, k, torch.tensor([5], dtype=torch.int32, device=dev))
+
+
+def test_docs_example_runs():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "python.md").read_text()
+    m = re.search(r"<!-- paged-example -->\n```python\n(.*?)```", text, re.DOTALL)
+    assert m, "docs/python.md: the block after <!-- paged-example --> is missing"
+    out = subprocess.run(
+        [sys.executable, "-c", m.group(1)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "torch.Size([2, 1, 8, 128]) torch.Size([2, 8, 1])" in out
