@@ -26,17 +26,19 @@ bool same_shape(const TensorView& a, const TensorView& b) {
   return true;
 }
 
-Status check_head_dim(int64_t d, std::initializer_list<int> allowed_d) {
+}  // namespace
+
+Status check_head_dim(int64_t d, std::initializer_list<int> allowed_d, const char* name) {
   std::ostringstream s;
   if (allowed_d.size() == 0) {
     if (d >= 1 && d <= kMaxHeadDim) return Status::Ok();
-    s << "q: head_dim " << d << " is not supported (supported: 1.." << kMaxHeadDim << ")";
+    s << name << ": head_dim " << d << " is not supported (supported: 1.." << kMaxHeadDim << ")";
     return Status::Invalid(s.str());
   }
   for (int a : allowed_d) {
     if (a == d) return Status::Ok();
   }
-  s << "q: head_dim " << d << " is not supported (supported: ";
+  s << name << ": head_dim " << d << " is not supported (supported: ";
   const char* sep = "";
   for (int a : allowed_d) {
     s << sep << a;
@@ -45,8 +47,6 @@ Status check_head_dim(int64_t d, std::initializer_list<int> allowed_d) {
   s << ")";
   return Status::Invalid(s.str());
 }
-
-}  // namespace
 
 Status validate_attention(const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& o, const TensorView& lse,
@@ -98,7 +98,7 @@ Status validate_attention(const TensorView& q, const TensorView& k, const Tensor
     s << "q/k: number of heads " << h << " is not a multiple of kv heads " << h_kv;
     return Status::Invalid(s.str());
   }
-  FP4ATTN_RETURN_IF_ERROR(check_head_dim(d, allowed_d));
+  FP4ATTN_RETURN_IF_ERROR(check_head_dim(d, allowed_d, "q"));
   if (!same_shape(o, q)) {
     s << o_name << ": expected shape " << q.shape_str() << " like q, got " << o.shape_str();
     return Status::Invalid(s.str());

@@ -26,6 +26,9 @@ Status validate_attention(const TensorView& q, const TensorView& k, const Tensor
                           std::initializer_list<DType> allowed_out,
                           std::initializer_list<int> allowed_d, AttentionShape* shape);
 
+// head_dim d in `allowed_d` (empty: any d in [1, 512]); the message names the argument `name`.
+Status check_head_dim(int64_t d, std::initializer_list<int> allowed_d, const char* name);
+
 // The same checks with another name for `o` in messages, and `o` and `lse` treated as inputs
 // (zero strides allowed): backward passes dout there, which may be a broadcast tensor.
 Status validate_attention(const TensorView& q, const TensorView& k, const TensorView& v,

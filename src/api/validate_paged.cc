@@ -13,8 +13,6 @@
 namespace fp4attn {
 namespace {
 
-constexpr int64_t kMaxHeadDim = 512;
-
 Status invalid(const std::ostringstream& s) { return Status::Invalid(s.str()); }
 
 Status check_tensor(const TensorView& t, const char* name, int rank, const char* dims,
@@ -103,24 +101,7 @@ Status validate_paged_kv_cache(const PagedKvCache& cache, std::initializer_list<
     s << "k_cache: kv_heads (dimension 2) must be >= 1, got " << kv_heads;
     return invalid(s);
   }
-  if (d < 1 || d > kMaxHeadDim) {
-    s << "k_cache: head_dim " << d << " is not supported (supported: 1.." << kMaxHeadDim << ")";
-    return invalid(s);
-  }
-  if (allowed_d.size() > 0) {
-    bool ok = false;
-    for (int a : allowed_d) ok = ok || a == d;
-    if (!ok) {
-      s << "k_cache: head_dim " << d << " is not supported (supported: ";
-      const char* sep = "";
-      for (int a : allowed_d) {
-        s << sep << a;
-        sep = ", ";
-      }
-      s << ")";
-      return invalid(s);
-    }
-  }
+  FP4ATTN_RETURN_IF_ERROR(check_head_dim(d, allowed_d, "k_cache"));
   if (num_pages * page_size > std::numeric_limits<int32_t>::max()) {
     s << "k_cache: num_pages * page_size = " << num_pages * page_size
       << " slots do not fit the int32 slot mapping";
