@@ -30,8 +30,8 @@
 namespace fp4attn {
 namespace {
 
-constexpr size_t kGuard = 64;
-constexpr uint8_t kPoison = 0xAB;
+using testing::kGuard;
+using testing::kPoison;
 
 uint32_t bits_of(float x) {
   uint32_t u;
@@ -39,47 +39,7 @@ uint32_t bits_of(float x) {
   return u;
 }
 
-// A device buffer of n bytes followed by kGuard guard bytes, all poisoned with 0xAB.
-class Guarded {
- public:
-  explicit Guarded(size_t n) : n_(n) {
-    ok_ = cudaMalloc(&ptr_, n + kGuard) == cudaSuccess &&
-          cudaMemset(ptr_, kPoison, n + kGuard) == cudaSuccess;
-  }
-  template <typename T>
-  explicit Guarded(const std::vector<T>& v) : Guarded(v.size() * sizeof(T)) {
-    ok_ = ok_ && cudaMemcpy(ptr_, v.data(), n_, cudaMemcpyHostToDevice) == cudaSuccess;
-  }
-  ~Guarded() { cudaFree(ptr_); }
-  Guarded(const Guarded&) = delete;
-  Guarded& operator=(const Guarded&) = delete;
-  void* get() const { return ptr_; }
-  bool ok() const { return ok_; }
-  std::vector<uint8_t> bytes() const {
-    std::vector<uint8_t> v(n_ + kGuard);
-    if (cudaMemcpy(v.data(), ptr_, v.size(), cudaMemcpyDeviceToHost) != cudaSuccess) v.clear();
-    return v;
-  }
-  // The n payload bytes; records a failure if a guard byte changed.
-  std::vector<uint8_t> payload(const char* what) const {
-    std::vector<uint8_t> v = bytes();
-    EXPECT_EQ(v.size(), n_ + kGuard) << what << ": copy back failed";
-    if (v.size() != n_ + kGuard) return {};
-    for (size_t i = n_; i < v.size(); ++i) {
-      if (v[i] != kPoison) {
-        ADD_FAILURE() << what << ": guard byte " << i - n_ << " after the output was written";
-        break;
-      }
-    }
-    v.resize(n_);
-    return v;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t n_;
-  bool ok_ = false;
-};
+using Guarded = testing::GuardedBuffer;
 
 struct Shape {
   int64_t b, s, h, d;
@@ -478,7 +438,7 @@ TEST(PackedGpu, EmptyTensorsLaunchNothing) {
     std::memcpy(&f, s.data(), 4);
     EXPECT_EQ(f, 1.f);  // nvfp4_tensor_scale(0)
     Guarded amax(4);
-    ASSERT_TRUE(tensor_amax_cuda(x, static_cast<float*>(amax.get()), nullptr).ok());
+    ASSERT_TRUE(tensor_amax_cuda(x, reinterpret_cast<float*>(amax.get()), nullptr).ok());
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<uint8_t> a = amax.payload("amax");
     std::memcpy(&f, a.data(), 4);
@@ -544,7 +504,7 @@ void check_dequant(PackedFormat fmt, const Shape& p, ScaleLayout layout, DType o
   in.scales = scale_view(scales.get(), p, block, layout);
   in.layout = layout;
   in.s_enc = s_enc_on_device ? 1.f : s_enc;
-  in.s_enc_device = s_enc_on_device ? static_cast<const float*>(s_dev.get()) : nullptr;
+  in.s_enc_device = s_enc_on_device ? reinterpret_cast<const float*>(s_dev.get()) : nullptr;
   const Status st = dequantize_packed_cuda(
       in, make_view(out.get(), out_dt, {p.b, p.s, p.h, p.d}), nullptr);
   ASSERT_TRUE(st.ok()) << st.message();

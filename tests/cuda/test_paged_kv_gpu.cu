@@ -26,8 +26,8 @@
 namespace fp4attn {
 namespace {
 
-constexpr uint8_t kPoison = 0xAB;
-constexpr size_t kGuard = 64;
+using testing::kPoison;
+using testing::kGuard;
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
@@ -117,41 +117,7 @@ PagedKvCache cache_views(const Geometry& g, uint8_t* base, float* globals) {
   return c;
 }
 
-// A device buffer of n bytes plus kGuard guard bytes, all 0xAB (or the given contents).
-class DeviceBuf {
- public:
-  explicit DeviceBuf(size_t n) : n_(n) {
-    ok_ = cudaMalloc(&p_, n + kGuard) == cudaSuccess &&
-          cudaMemset(p_, kPoison, n + kGuard) == cudaSuccess;
-  }
-  template <typename T>
-  explicit DeviceBuf(const std::vector<T>& v) : DeviceBuf(v.size() * sizeof(T)) {
-    ok_ = ok_ && (v.empty() || cudaMemcpy(p_, v.data(), n_, cudaMemcpyHostToDevice) == cudaSuccess);
-  }
-  ~DeviceBuf() { cudaFree(p_); }
-  DeviceBuf(const DeviceBuf&) = delete;
-  DeviceBuf& operator=(const DeviceBuf&) = delete;
-  uint8_t* get() const { return static_cast<uint8_t*>(p_); }
-  bool ok() const { return ok_; }
-  // The payload; a failure is recorded if a guard byte changed.
-  std::vector<uint8_t> payload(const char* what) const {
-    std::vector<uint8_t> v(n_ + kGuard);
-    EXPECT_EQ(cudaMemcpy(v.data(), p_, v.size(), cudaMemcpyDeviceToHost), cudaSuccess) << what;
-    for (size_t i = n_; i < v.size(); ++i) {
-      if (v[i] != kPoison) {
-        ADD_FAILURE() << what << ": guard byte " << i - n_ << " was written";
-        break;
-      }
-    }
-    v.resize(n_);
-    return v;
-  }
-
- private:
-  void* p_ = nullptr;
-  size_t n_;
-  bool ok_ = false;
-};
+using DeviceBuf = testing::GuardedBuffer;
 
 ::testing::AssertionResult same_bytes(const std::vector<uint8_t>& got,
                                       const std::vector<uint8_t>& want) {
