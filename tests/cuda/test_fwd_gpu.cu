@@ -48,11 +48,13 @@ double max_lse_abs_vs_golden(Recipe r) {
 constexpr double kMinCosVsExact = 0.997;
 // The FP4 recipes' own error (numerics.md §6: nvfp4 0.991, nvfp4-hx 0.985, mxfp4 0.986 at s =
 // 1024).
-// fp4-direct's own error is larger (numerics.md §6: 0.944 non-causal at s = 1024).
+// fp4-direct's and nvfp4-all's own errors are larger (numerics.md §6: 0.944 and 0.983
+// non-causal at s = 1024).
 double min_cos_vs_exact(Recipe r) {
   return r == Recipe::kFp8                                ? kMinCosVsExact
          : r == Recipe::kNvfp4 || r == Recipe::kNvfp4Fast ? 0.985
          : r == Recipe::kFp4Direct                        ? 0.92
+         : r == Recipe::kNvfp4All                         ? 0.975
                                                           : 0.978;
 }
 
@@ -267,8 +269,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FwdGpuShapes, ::testing::ValuesIn(shapes()),
 // The FP4 recipes run on the same engine (scale-folded operands): fewer shapes, every recipe.
 std::vector<Problem> recipe_shapes() {
   std::vector<Problem> v;
-  for (Recipe r :
-       {Recipe::kNvfp4, Recipe::kNvfp4Hx, Recipe::kMxfp4, Recipe::kNvfp4Fast, Recipe::kFp4Direct}) {
+  for (Recipe r : {Recipe::kNvfp4, Recipe::kNvfp4Hx, Recipe::kMxfp4, Recipe::kNvfp4Fast,
+                   Recipe::kFp4Direct, Recipe::kNvfp4All}) {
     for (int64_t d : {64, 128}) {
       for (bool causal : {false, true}) {
         v.push_back({2, 1000, 1000, 4, 2, d, causal, r});
@@ -510,7 +512,7 @@ TEST(FwdGpu, RejectsUnsupportedRecipeWithoutLaunching) {
   DeviceArray<uint16_t> x(4 * 64), o(4 * 64);
   const TensorView t = make_view(x.ptr, DType::kBF16, {1, 4, 1, 64});
   ForwardOptions opt;
-  opt.recipe = Recipe::kNvfp4All;
+  opt.recipe = Recipe::kBf16;
   const Status st = attention_forward_cuda(
       t, t, t, opt, make_view(o.ptr, DType::kBF16, {1, 4, 1, 64}), {}, nullptr);
   EXPECT_FALSE(st.ok());

@@ -2,7 +2,8 @@
 // of the 64 x N wgmma accumulator), and how P is packed into the PV GEMM's A operand:
 //   exp2  (fp8, nvfp4, nvfp4-hx, mxfp4): P = E4M3(2^(z - m + 8)), unrounded row sums;
 //   codes (nvfp4-fast): E4M3 codes RNE(8 (z - m)) + 120 without exp2, sums from the ones block;
-//   direct (fp4-direct): E2M1 codes of the affine surrogate per 32-key block, folded into E4M3.
+//   direct (fp4-direct): E2M1 codes of the affine surrogate per 32-key block, folded into E4M3;
+//   all (nvfp4-all): 2^(z - m) quantized to NVFP4 per 16-key block (global scale 2688), folded.
 // z = S * c (c: the score factor of the key's 128-key tile), m: the row's integer log2 running
 // max (numerics.md §4), so every rescale of O and of the sums is an exact power of two.
 #pragma once
@@ -13,17 +14,21 @@
 #include "cuda/attention/fwd_params.h"
 #include "cuda/attention/ptx.cuh"
 #include "fp4attn/direct_p.h"
+#include "fp4attn/formats.h"
+#include "fp4attn/quantize.h"
 
 namespace fp4attn::sm90 {
 
-enum PMode : int { kPExp2 = 0, kPCodes = 1, kPDirect = 2 };
+enum PMode : int { kPExp2 = 0, kPCodes = 1, kPDirect = 2, kPAll = 3 };
 
 // log2 of what P's operand units are worth relative to the row max: P = 2^(z - m + 8) for exp2
 // and the code map (top code 120 = 2^8); fp4-direct's operand is q * 2^(e + 6) for a
 // probability 2^e * q / 6. The LSE is m - lift + log2(sum of the operand values).
+// nvfp4-all's operand is e2m1 * scale / 8 for a probability e2m1 * scale / 2688 (log2 336).
+constexpr float kAllPScale = 2688.f;  // 448 * 6: block scales amax / 6 * 2688 <= 448 for P <= 1
 template <int PM>
 __host__ __device__ constexpr float p_lift_log2() {
-  return PM == kPDirect ? 6.f + kLog2Six : 8.f;
+  return PM == kPDirect ? 6.f + kLog2Six : PM == kPAll ? 8.392317422778761f : 8.f;
 }
 constexpr float kPLift = p_lift_log2<kPExp2>();
 
@@ -269,6 +274,59 @@ __device__ __forceinline__ void softmax_direct(float (&s)[SN], RowState& st, con
   }
 }
 
+// nvfp4-all (the all-FP4 recipe, numerics.md §4): p = 2^(z - m) <= 1 quantized per 16-key block
+// exactly as nvfp4_quantize_block (nearest rule) with the fixed global scale 2688: block amax over
+// the quad's 4 x 4 values (two shuffles), scale = E4M3((amax / 6) * 2688), codes E2M1(p *
+// (2688 / scale)), operand value code * scale / 8 (F2FP rounds it as the golden model's fold).
+// The row sums are the unrounded p (the golden denominator), kept in operand units (x 336).
+template <int SN>
+__device__ __forceinline__ void softmax_all(float (&s)[SN], RowState& st, const float (&c)[2],
+                                            bool edge, int n0, int t, const int (&rows)[2],
+                                            const Mask& mask, float (&alpha)[2]) {
+  mask_scores(s, edge, n0, t, rows, mask);
+  float m_use[2];
+  update_row_max(s, st, c, m_use, alpha);
+  float sp[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < SN; ++i) {
+    const float e = fast_exp2(fmaf(s[i], c[Frag::tile(i)], -m_use[Frag::half(i)]));
+    s[i] = !edge || mask.visible(n0 + Frag::col(i, t), rows[Frag::half(i)]) ? e : 0.f;
+    sp[Frag::half(i)] += s[i];
+  }
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    st.l[h2] = fmaf(st.l[h2], alpha[h2], sp[h2] * (kAllPScale / 8.f));
+  }
+#pragma unroll
+  for (int b = 0; b < SN / 8; ++b) {
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      // Registers 8b + 2 h2 + {0, 1, 4, 5}: this thread's 4 keys of the 16-key block's row.
+      const int r[4] = {8 * b + 2 * h2, 8 * b + 2 * h2 + 1, 8 * b + 2 * h2 + 4, 8 * b + 2 * h2 + 5};
+      float amax = fmaxf(fmaxf(s[r[0]], s[r[1]]), fmaxf(s[r[2]], s[r[3]]));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 2));
+      const float sf = detail::mul_rn(detail::div_rn(amax, kE2m1Max), kAllPScale);
+      const float f = e4m3_to_float(float_to_e4m3(sf));
+      const float inv = f == 0.f ? 0.f : detail::div_rn(kAllPScale, f);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        s[r[k]] = e2m1_rne(detail::mul_rn(s[r[k]], inv)) * f * 0.125f;  // exact product
+      }
+    }
+  }
+  if (c[0] != c[0] || c[1] != c[1]) {  // rare: a NaN input block
+#pragma unroll
+    for (int i = 0; i < SN; ++i) {
+      const bool visible = !edge || mask.visible(n0 + Frag::col(i, t), rows[Frag::half(i)]);
+      if (c[Frag::tile(i)] != c[Frag::tile(i)] && visible) {
+        s[i] = NAN;
+        st.l[Frag::half(i)] = NAN;
+      }
+    }
+  }
+}
+
 // Bound experiment (wrong results, issue 6): FP4ATTN_FWD_NO_SOFTMAX=1 replaces the whole softmax
 // by a constant P (a code of 1.0 / value 1.0), so that timing it shows what the GEMMs, the
 // pipeline and the epilogue alone cost.
@@ -291,6 +349,8 @@ __device__ __forceinline__ void p_values(float (&s)[SN], RowState& st, const flo
     softmax_codes(s, st, c, edge, n0, t, rows, mask, alpha);
   } else if constexpr (PM == kPDirect) {
     softmax_direct(s, st, c, edge, n0, t, rows, mask, alpha);
+  } else if constexpr (PM == kPAll) {
+    softmax_all(s, st, c, edge, n0, t, rows, mask, alpha);
   } else {
     softmax_block<kOnes>(s, st, c, edge, n0, t, rows, mask, alpha);
   }
