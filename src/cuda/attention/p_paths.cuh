@@ -14,6 +14,7 @@
 #include "cuda/attention/fwd_params.h"
 #include "cuda/attention/ptx.cuh"
 #include "fp4attn/direct_p.h"
+#include "fp4attn/fast_div.h"
 #include "fp4attn/formats.h"
 #include "fp4attn/quantize.h"
 
@@ -26,6 +27,7 @@ enum PMode : int { kPExp2 = 0, kPCodes = 1, kPDirect = 2, kPAll = 3 };
 // probability 2^e * q / 6. The LSE is m - lift + log2(sum of the operand values).
 // nvfp4-all's operand is e2m1 * scale / 8 for a probability e2m1 * scale / 2688 (log2 336).
 constexpr float kAllPScale = 2688.f;  // 448 * 6: block scales amax / 6 * 2688 <= 448 for P <= 1
+static_assert(kAllPScale == 2688.f && kE2m1Max == 6.f, "fast_div.h's quotients are by 6 and 2688");
 template <int PM>
 __host__ __device__ constexpr float p_lift_log2() {
   return PM == kPDirect ? 6.f + kLog2Six : PM == kPAll ? 8.392317422778761f : 8.f;
@@ -306,9 +308,10 @@ __device__ __forceinline__ void softmax_all(float (&s)[SN], RowState& st, const 
       float amax = fmaxf(fmaxf(s[r[0]], s[r[1]]), fmaxf(s[r[2]], s[r[3]]));
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 1));
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, 2));
-      const float sf = detail::mul_rn(detail::div_rn(amax, kE2m1Max), kAllPScale);
+      // div6_rn and div_2688_by_e4m3_rn: the same bits as the two IEEE divisions (fast_div.h).
+      const float sf = detail::mul_rn(div6_rn(amax), kAllPScale);
       const float f = e4m3_to_float(float_to_e4m3(sf));
-      const float inv = f == 0.f ? 0.f : detail::div_rn(kAllPScale, f);
+      const float inv = f == 0.f ? 0.f : div_2688_by_e4m3_rn(f);
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         s[r[k]] = e2m1_rne(detail::mul_rn(s[r[k]], inv)) * f * 0.125f;  // exact product
