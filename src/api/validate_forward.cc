@@ -21,7 +21,7 @@ Status check_options(const ForwardOptions& opt) {
   if (!forward_recipe_supported(opt.recipe)) {
     return Status::Unsupported(std::string("recipe: '") + recipe_name(opt.recipe) +
                                "' does not run on the GPU engine yet (supported: fp8, nvfp4, "
-                               "nvfp4-hx, mxfp4, nvfp4-fast)");
+                               "nvfp4-hx, mxfp4, nvfp4-fast, fp4-direct, nvfp4-all)");
   }
   if (!std::isfinite(opt.softmax_scale) || opt.softmax_scale < 0) {
     return Status::Invalid(
@@ -93,10 +93,13 @@ Status check_sizes(const ForwardShape& sh) {
 }  // namespace
 
 // The recipes whose operands are scale-folded E4M3 Q/K with FP32 tile factors and per-channel
-// E4M3 V, with P either from exp2 with the 2^8 lift or from the exp-free code map (nvfp4-fast).
+// E4M3 V, with P from exp2 with the 2^8 lift, the exp-free code map (nvfp4-fast), the Direct-P
+// surrogate folded into E4M3 (fp4-direct) or NVFP4-quantized exp2 folded into E4M3 (nvfp4-all).
+// bf16 (BF16 operands) is the CPU golden model's only.
 bool forward_recipe_supported(Recipe recipe) {
   return recipe == Recipe::kFp8 || recipe == Recipe::kNvfp4 || recipe == Recipe::kNvfp4Hx ||
-         recipe == Recipe::kMxfp4 || recipe == Recipe::kNvfp4Fast;
+         recipe == Recipe::kMxfp4 || recipe == Recipe::kNvfp4Fast || recipe == Recipe::kFp4Direct ||
+         recipe == Recipe::kNvfp4All;
 }
 
 Status validate_forward_operands(const ForwardOperands& in, const ForwardOptions& opt,

@@ -122,7 +122,7 @@ TEST(ValidateForward, RejectsBadOperands) {
 TEST(ValidateForward, RejectsBadOptions) {
   Operands ops;
   ForwardOptions opt;
-  opt.recipe = Recipe::kNvfp4All;
+  opt.recipe = Recipe::kBf16;
   expect_error(ops.check(opt), "recipe");
   EXPECT_TRUE(ops.check(opt).unsupported()) << "a recipe the engine lacks is not a user error";
   opt = {};

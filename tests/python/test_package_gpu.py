@@ -102,8 +102,8 @@ def test_bhsd_layout():
 
 def test_unsupported_recipe_is_reported():
     q, k, v = gpu_qkv(s_q=64, d=64)
-    with pytest.raises(fp4attn.UnsupportedError, match="^recipe: 'nvfp4-all' does not run on the GPU"):
-        fp4attn.attn_func(q, k, v, recipe="nvfp4-all")
+    with pytest.raises(fp4attn.UnsupportedError, match="^recipe: 'bf16' does not run on the GPU"):
+        fp4attn.attn_func(q, k, v, recipe="bf16")
 
 
 def test_bad_cuda_inputs():

@@ -15,6 +15,7 @@
 #include <cmath>
 
 #include "cuda/attention/fwd_params.h"
+#include "cuda/attention/p_paths.cuh"
 #include "cuda/attention/ptx.cuh"
 #include "cuda/attention/wgmma_fp8.cuh"
 
@@ -27,21 +28,16 @@ namespace fp4attn::sm90 {
 #ifndef FP4ATTN_FWD_ONES_SUM
 #define FP4ATTN_FWD_ONES_SUM 0
 #endif
-// How P is made: exp2 (fp8, nvfp4, nvfp4-hx, mxfp4) or the exp-free E4M3 code map (nvfp4-fast,
-// numerics.md §4: code = clamp(RNE(8 (z - m)) + 120, 0, 120), no MUFU, no conversion).
-enum PMode : int { kPExp2 = 0, kPCodes = 1 };
 // The code map's denominator is the sum of the rounded P, which the ones block computes.
 template <int PM>
 constexpr bool ones_sum() {
-  return PM == kPCodes || FP4ATTN_FWD_ONES_SUM != 0;
+  return PM == kPCodes || (PM == kPExp2 && FP4ATTN_FWD_ONES_SUM != 0);
 }
 template <int PM>
 constexpr int ones_bytes() {
   return ones_sum<PM>() ? 8 * 128 : 0;  // 8 rows of 128 keys of E4M3 1.0 per V^T box
 }
 
-// The FP8 P lift of numerics.md §4: P = 2^(z - m + 8) lands in (128, 256].
-constexpr float kPLift = 8.f;
 // Keys per pipeline stage (N, a template parameter): 128 at d = 128, where a 64 x 256 S does not
 // fit the registers beside O and P. At d = 64 both (scripts/fwd-variants,
 // docs/kernels/fwd_sm90.md): 256 halves the per-block overhead (27% faster non-causal at s =
@@ -145,15 +141,6 @@ __device__ void produce(const FwdParams& p, FwdSmem<D, PM, N>& sm) {
   }
 }
 
-// Per-thread view of a 64 x N FP32 wgmma accumulator: register i holds row
-// r0 + 8 * ((i >> 1) & 1) and column 8 * (i >> 2) + 2 * t + (i & 1) (t = lane % 4).
-struct Frag {
-  __device__ __forceinline__ static int col(int i, int t) { return 8 * (i >> 2) + 2 * t + (i & 1); }
-  __device__ __forceinline__ static int half(int i) { return (i >> 1) & 1; }
-  // Which 128-key scale tile of the block register i belongs to.
-  __device__ __forceinline__ static int tile(int i) { return i / (kScaleTile / 2); }
-};
-
 // Named barriers 1 and 2: the two consumer warpgroups take turns issuing their GEMMs (barrier 0
 // is __syncthreads).
 constexpr int kTurnBarrier = 1;
@@ -192,210 +179,6 @@ __device__ __forceinline__ void issue_pv(float (&o)[ON], const uint32_t (&pa)[PS
     }
   }
   wgmma_commit();
-}
-
-// Softmax state of the two rows a thread holds.
-struct RowState {
-  float m[2] = {-INFINITY, -INFINITY};  // integer log2 running max
-  float l[2] = {0.f, 0.f};              // this thread's share of the unrounded P sums
-};
-
-struct Mask {
-  int s_k, causal_offset;
-  bool causal;
-  __device__ __forceinline__ bool visible(int key, int row) const {
-    return key < s_k && (!causal || key <= row + causal_offset);
-  }
-};
-
-// S (raw Q K^T sums) -> P = 2^(S * c + 8 - m) in place, with c the score factor of each
-// 128-key tile, m the integer log2 running max (NaN-ignoring, as the golden model), and the
-// unrounded row sums; returns the factors 2^(m_old - m_new) by which O must be scaled. Keys
-// outside the causal band or past s_k (`edge` blocks only) get P = 0.
-template <bool kOnes, int SN>
-__device__ __forceinline__ void softmax_block(float (&s)[SN], RowState& st, const float (&c)[2],
-                                              bool edge, int n0, int t, const int (&rows)[2],
-                                              const Mask& mask, float (&alpha)[2]) {
-  if (edge) {
-#pragma unroll
-    for (int i = 0; i < SN; ++i) {
-      if (!mask.visible(n0 + Frag::col(i, t), rows[Frag::half(i)])) s[i] = -INFINITY;
-    }
-  }
-  // Partial maxima per row and scale tile (two each: short dependency chains); max(S) * c =
-  // max(S * c) for c >= 0, and a NaN product (c = 0 on masked keys, a NaN tile) is ignored.
-  float mp[2][2][2];
-#pragma unroll
-  for (int h2 = 0; h2 < 2; ++h2) {
-#pragma unroll
-    for (int g = 0; g < 4; ++g) mp[h2][g / 2][g % 2] = -INFINITY;
-  }
-#pragma unroll
-  for (int i = 0; i < SN; ++i) {
-    float& m = mp[Frag::half(i)][Frag::tile(i)][(i >> 2) & 1];
-    m = fmaxf(m, s[i]);
-  }
-  float bias[2];
-#pragma unroll
-  for (int h2 = 0; h2 < 2; ++h2) {
-    float mx =
-        fmaxf(fmaxf(mp[h2][0][0], mp[h2][0][1]) * c[0], fmaxf(mp[h2][1][0], mp[h2][1][1]) * c[1]);
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-    const float m_new = fmaxf(st.m[h2], ceilf(mx));
-    // A row with no valid key so far keeps m = -inf; use 0 so exp2 sees -inf, not NaN.
-    const float m_use = m_new == -INFINITY ? 0.f : m_new;
-    alpha[h2] = fast_exp2(st.m[h2] - m_use);  // exact power of two (0 from -inf)
-    st.m[h2] = m_new;
-    bias[h2] = kPLift - m_use;
-  }
-  // Four partial sums per row (the order of an FP32 sum is free: the golden denominator is
-  // exact). With kOnes the PV MMA sums P instead.
-  float sp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-  if (edge) {  // masked keys give exactly 0, even where c is 0 or NaN (-inf * c is NaN then)
-#pragma unroll
-    for (int i = 0; i < SN; ++i) {
-      const float e = fast_exp2(fmaf(s[i], c[Frag::tile(i)], bias[Frag::half(i)]));
-      s[i] = mask.visible(n0 + Frag::col(i, t), rows[Frag::half(i)]) ? e : 0.f;
-      if constexpr (!kOnes) sp[Frag::half(i)][(i >> 2) & 3] += s[i];
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < SN; ++i) {
-      s[i] = fast_exp2(fmaf(s[i], c[Frag::tile(i)], bias[Frag::half(i)]));
-      if constexpr (!kOnes) sp[Frag::half(i)][(i >> 2) & 3] += s[i];
-    }
-  }
-  if constexpr (!kOnes) {
-#pragma unroll
-    for (int h2 = 0; h2 < 2; ++h2) {
-      const float rs = (sp[h2][0] + sp[h2][1]) + (sp[h2][2] + sp[h2][3]);
-      st.l[h2] = fmaf(st.l[h2], alpha[h2], rs);
-    }
-  }
-}
-
-// P (FP32) -> E4M3 A-operand registers: register kk*4 + {0,1,2,3} = rows {r0, r0+8, r0, r0+8}
-// x key positions {4t..4t+3, 16+4t..16+4t+3} of the 32-key step kk; the V^T operand stores
-// keys in the matching order (operand_v_key_at in operands.h).
-template <int SN>
-__device__ __forceinline__ void pack_p(const float (&s)[SN], uint32_t (&pa)[SN / 16][4]) {
-#pragma unroll
-  for (int kk = 0; kk < SN / 16; ++kk) {
-    const float* g = s + 16 * kk;
-    pa[kk][0] = pack_e4m3x4(g[0], g[1], g[4], g[5]);
-    pa[kk][1] = pack_e4m3x4(g[2], g[3], g[6], g[7]);
-    pa[kk][2] = pack_e4m3x4(g[8], g[9], g[12], g[13]);
-    pa[kk][3] = pack_e4m3x4(g[10], g[11], g[14], g[15]);
-  }
-}
-
-// nvfp4-fast: P as E4M3 codes without exp2 (numerics.md §4): code = clamp(RNE(8 (z - m)) + 120,
-// 0, 120) with m the integer log2 running max (so z - m <= 0 and no upper clamp is needed). One
-// FFMA lands RNE(8 z - 8 m + 120) in the low mantissa bits of a float near 1.5 * 2^23 (the FMA
-// computes S * 8c exactly before its one rounding); one FMNMX clamps at code 0, which also turns
-// masked keys (-inf) and -inf * 0 (NaN) into 0. The codes stay in the low bytes of s for pack().
-// A NaN tile factor (a NaN input block) makes its whole tile NaN (code 0x7F), as the golden
-// model's NaN scores.
-template <int SN>
-__device__ __forceinline__ void softmax_codes(float (&s)[SN], RowState& st, const float (&c)[2],
-                                              bool edge, int n0, int t, const int (&rows)[2],
-                                              const Mask& mask, float (&alpha)[2]) {
-  constexpr float kMagic = 12582912.f;  // 1.5 * 2^23: integers in the low mantissa bits
-  if (edge) {
-#pragma unroll
-    for (int i = 0; i < SN; ++i) {
-      if (!mask.visible(n0 + Frag::col(i, t), rows[Frag::half(i)])) s[i] = -INFINITY;
-    }
-  }
-  float mp[2][2][2];
-#pragma unroll
-  for (int h2 = 0; h2 < 2; ++h2) {
-#pragma unroll
-    for (int g = 0; g < 4; ++g) mp[h2][g / 2][g % 2] = -INFINITY;
-  }
-#pragma unroll
-  for (int i = 0; i < SN; ++i) {
-    float& m = mp[Frag::half(i)][Frag::tile(i)][(i >> 2) & 1];
-    m = fmaxf(m, s[i]);
-  }
-  float bias[2];
-#pragma unroll
-  for (int h2 = 0; h2 < 2; ++h2) {
-    float mx =
-        fmaxf(fmaxf(mp[h2][0][0], mp[h2][0][1]) * c[0], fmaxf(mp[h2][1][0], mp[h2][1][1]) * c[1]);
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-    const float m_new = fmaxf(st.m[h2], ceilf(mx));
-    const float m_use = m_new == -INFINITY ? 0.f : m_new;
-    alpha[h2] = fast_exp2(st.m[h2] - m_use);
-    st.m[h2] = m_new;
-    bias[h2] = kMagic + 120.f - 8.f * m_use;
-  }
-  const float c8[2] = {8.f * c[0], 8.f * c[1]};
-#pragma unroll
-  for (int i = 0; i < SN; ++i) {
-    s[i] = fmaxf(fmaf(s[i], c8[Frag::tile(i)], bias[Frag::half(i)]), kMagic);
-  }
-  // A NaN tile factor: every code of that tile NaN (uniform per block, rare).
-  if (c[0] != c[0] || c[1] != c[1]) {
-#pragma unroll
-    for (int i = 0; i < SN; ++i) {
-      if (c[Frag::tile(i)] != c[Frag::tile(i)]) s[i] = __uint_as_float(0x7F);
-    }
-  }
-}
-
-// Codes (low byte of each s) -> A-operand registers, in pack_p's order.
-template <int SN>
-__device__ __forceinline__ void pack_codes(const float (&s)[SN], uint32_t (&pa)[SN / 16][4]) {
-  auto quad = [](float a, float b, float c, float d) {
-    const uint32_t lo = __byte_perm(__float_as_uint(a), __float_as_uint(b), 0x0040);
-    const uint32_t hi = __byte_perm(__float_as_uint(c), __float_as_uint(d), 0x0040);
-    return __byte_perm(lo, hi, 0x5410);
-  };
-#pragma unroll
-  for (int kk = 0; kk < SN / 16; ++kk) {
-    const float* g = s + 16 * kk;
-    pa[kk][0] = quad(g[0], g[1], g[4], g[5]);
-    pa[kk][1] = quad(g[2], g[3], g[6], g[7]);
-    pa[kk][2] = quad(g[8], g[9], g[12], g[13]);
-    pa[kk][3] = quad(g[10], g[11], g[14], g[15]);
-  }
-}
-
-// Bound experiment (wrong results, issue 6): FP4ATTN_FWD_NO_SOFTMAX=1 replaces the whole softmax
-// by a constant P (a code of 1.0 / value 1.0), so that timing it shows what the GEMMs, the
-// pipeline and the epilogue alone cost.
-#ifndef FP4ATTN_FWD_NO_SOFTMAX
-#define FP4ATTN_FWD_NO_SOFTMAX 0
-#endif
-
-template <int PM, bool kOnes, int SN>
-__device__ __forceinline__ void p_values(float (&s)[SN], RowState& st, const float (&c)[2],
-                                         bool edge, int n0, int t, const int (&rows)[2],
-                                         const Mask& mask, float (&alpha)[2]) {
-  if constexpr (FP4ATTN_FWD_NO_SOFTMAX != 0) {
-    (void)c, (void)edge, (void)n0, (void)t, (void)rows, (void)mask;
-#pragma unroll
-    for (int i = 0; i < SN; ++i) s[i] = PM == kPCodes ? __uint_as_float(0x38) : 1.f;
-    st.m[0] = st.m[1] = 0.f;
-    st.l[0] = st.l[1] = 1.f;
-    alpha[0] = alpha[1] = 1.f;
-  } else if constexpr (PM == kPCodes) {
-    softmax_codes(s, st, c, edge, n0, t, rows, mask, alpha);
-  } else {
-    softmax_block<kOnes>(s, st, c, edge, n0, t, rows, mask, alpha);
-  }
-}
-
-template <int PM, int SN>
-__device__ __forceinline__ void pack(const float (&s)[SN], uint32_t (&pa)[SN / 16][4]) {
-  if constexpr (PM == kPCodes) {
-    pack_codes(s, pa);
-  } else {
-    pack_p(s, pa);
-  }
 }
 
 template <int D, int PM, int N>
@@ -539,7 +322,7 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D, PM, N>& sm, int cw, 
     }
     const bool empty = l == 0.f;
     inv[h2] = empty ? 0.f : 1.f / l;
-    lse[h2] = empty ? INFINITY : (st.m[h2] - kPLift + log2f(l)) * 0.69314718055994531f;
+    lse[h2] = empty ? INFINITY : (st.m[h2] - p_lift_log2<PM>() + log2f(l)) * 0.69314718055994531f;
   }
   const float* v_scale = p.v_scale + int64_t(bh_kv) * D;
   auto out_pair = [&](int i, float& v0, float& v1) {

@@ -144,7 +144,9 @@ Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardO
   const void* k_base = no_keys ? in.q_data.data : in.k_data.data;
   const void* v_base = no_keys ? in.q_data.data : in.v_data.data;
   const int64_t v_pitch = no_keys ? 16 : operand_v_pitch(sh.s_k);
-  const bool wide = sm90::fwd_wide_block(d, opt.causal, sh.s_k);
+  // fp4-direct and nvfp4-all run 128-key blocks only (one kernel fewer per head dim each).
+  const bool wide = sm90::fwd_wide_block(d, opt.causal, sh.s_k) &&
+                    opt.recipe != Recipe::kFp4Direct && opt.recipe != Recipe::kNvfp4All;
   FP4ATTN_RETURN_IF_ERROR(
       make_map(&p.tm_q, in.q_data.data, d, sh.s_q, sh.b * sh.h, d, sm90::kBlockM, "q_data"));
   FP4ATTN_RETURN_IF_ERROR(make_map(&p.tm_k, k_base, d, s_k1, no_keys ? 1 : sh.b * sh.h_kv, d,
@@ -177,6 +179,14 @@ Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardO
     if (d == 128) return launch<128, sm90::kPCodes, sm90::kNarrowN>(p, stream);
     return wide ? launch<64, sm90::kPCodes, sm90::kWideN>(p, stream)
                 : launch<64, sm90::kPCodes, sm90::kNarrowN>(p, stream);
+  }
+  if (opt.recipe == Recipe::kFp4Direct) {
+    return d == 128 ? launch<128, sm90::kPDirect, sm90::kNarrowN>(p, stream)
+                    : launch<64, sm90::kPDirect, sm90::kNarrowN>(p, stream);
+  }
+  if (opt.recipe == Recipe::kNvfp4All) {
+    return d == 128 ? launch<128, sm90::kPAll, sm90::kNarrowN>(p, stream)
+                    : launch<64, sm90::kPAll, sm90::kNarrowN>(p, stream);
   }
   if (d == 128) return launch<128, sm90::kPExp2, sm90::kNarrowN>(p, stream);
   return wide ? launch<64, sm90::kPExp2, sm90::kWideN>(p, stream)
