@@ -6,7 +6,8 @@
 // memory), keeps its own online softmax, and the warps merge through shared memory at the end.
 //
 // Fragment maps (lane = 4 g + t): the S = Q K^T MMA's k index is a permutation of the channels
-// chosen so that lane t of key g reads one contiguous chunk of the key's packed row (phys_k_*),
+// chosen so that lane t of key g reads one contiguous chunk of the key's packed row (phys_k_* in
+// decode_bits.h),
 // and Q is loaded with the same permutation; the P V MMA's n index is permuted so that lane group
 // g owns channels [g d/8, (g + 1) d/8) (n-tile j <-> channel g d/8 + j), its 4 keys' chunks.
 #pragma once
@@ -16,6 +17,8 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+
+#include "cuda/paged/decode_bits.h"
 
 namespace fp4attn::paged {
 
@@ -111,34 +114,6 @@ constexpr float kScaleBias = 3.3230699894622794e35f;  // 2^118
 __device__ __forceinline__ uint32_t scale_pair_bf16(uint32_t two_codes) {
   const float2 f = e4m3x2_to_float2(two_codes);
   return pack_bf16x2(f.x * kScaleBias, f.y * kScaleBias);
-}
-
-// 8 E2M1 codes (packed, element 2j in the low nibble of byte j) -> 4 BF16x2 words of e2m1 *
-// 2^-126: word q holds nibble q (low half) and nibble q + 4 (high half). The magnitude bits go to
-// BF16 bits 8..6 (exponent field ee, top mantissa bit m: 2^(ee-127)(1 + m/2), and code 1 becomes
-// the subnormal 2^-127, all e2m1 * 2^-126), the sign to bit 15; one multiply places both, since
-// the two shifted copies of a masked nibble never overlap.
-__device__ __forceinline__ void e2m1x8_to_bf16(uint32_t x, uint32_t (&w)[4]) {
-  constexpr uint32_t kKeep = 0x81C081C0u;
-  const uint32_t hi = x >> 8;
-  w[0] = ((x & 0x000F000Fu) * 0x1040u) & kKeep;   // << 6 and << 12
-  w[1] = ((x & 0x00F000F0u) * 0x0104u) & kKeep;   // << 2 and << 8
-  w[2] = ((hi & 0x000F000Fu) * 0x1040u) & kKeep;  // nibbles 2, 6
-  w[3] = ((hi & 0x00F000F0u) * 0x0104u) & kKeep;  // nibbles 3, 7
-}
-
-// Channel of k index kk (0..15) in k-step ks of the S MMA: NVFP4 lane t' = (kk & 7) / 2 reads
-// d/4 channels from (d/4) t'; word i of them gives k-steps 2i, 2i + 1 as pairs (q, q + 4).
-template <int D>
-__device__ __forceinline__ int phys_k_nvfp4(int ks, int kk) {
-  const int t = (kk & 7) >> 1, hpair = kk & 1, r = kk >> 3;
-  return (D / 4) * t + 8 * (ks >> 1) + 2 * (ks & 1) + r + 4 * hpair;
-}
-// FP8: lane t' reads d/4 bytes from (d/4) t'; word ks gives b0 = (0, 1), b1 = (2, 3).
-template <int D>
-__device__ __forceinline__ int phys_k_fp8(int ks, int kk) {
-  const int t = (kk & 7) >> 1, hpair = kk & 1, r = kk >> 3;
-  return (D / 4) * t + 4 * ks + 2 * r + hpair;
 }
 
 // ---- raw tile loads --------------------------------------------------------------------------
@@ -238,7 +213,7 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, int b, int hk, 
   }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const int kk = 2 * t + (j & 1) + 8 * (j >> 1);
+    const int kk = v_key(t, j);
     zero_words(r.v[j]);
     if (kt + kk < kend) {
       const KeyLoc l = loc(kk);
@@ -356,10 +331,9 @@ __device__ __forceinline__ void compute_tile(const RawTile<D, kFp4>& r,
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         // Bytes {A.b(2h), A.b(2h+1), B.b(2h), B.b(2h+1)}: nibble q = A channel q, q + 4 = B.
-        const uint32_t sel = half ? 0x7632u : 0x5410u;
         uint32_t w0[4], w1[4];
-        e2m1x8_to_bf16(__byte_perm(r.v[0][i], r.v[1][i], sel), w0);
-        e2m1x8_to_bf16(__byte_perm(r.v[2][i], r.v[3][i], sel), w1);
+        e2m1x8_to_bf16(nvfp4_key_pair(r.v[0][i], r.v[1][i], half), w0);
+        e2m1x8_to_bf16(nvfp4_key_pair(r.v[2][i], r.v[3][i], half), w1);
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           mma_bf16_16816(st.o[8 * i + 4 * half + q], pa, bf16x2_mul(w0[q], sc0),
@@ -555,7 +529,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4>)
       if (p.write_partials) {
         float* dst = p.o_part + ((static_cast<int64_t>(split) * p.total_q + grow) * p.h + hq) * D;
         for (int n = 0; n < D / 8; ++n) {
-          const int c = part * (D / 8) + n;
+          const int c = phys_o<D>(n, part);
           float acc = 0.f;
 #pragma unroll
           for (int w = 0; w < kDecodeWarps; ++w) {
@@ -569,7 +543,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4>)
       } else {
         const int64_t base = (p.s_q > 0 ? b * p.o_sb + i * p.o_si : grow * p.o_sb) + hq * p.o_sh;
         for (int n = 0; n < D / 8; ++n) {
-          const int c = part * (D / 8) + n;
+          const int c = phys_o<D>(n, part);
           float acc = 0.f;
 #pragma unroll
           for (int w = 0; w < kDecodeWarps; ++w) {
