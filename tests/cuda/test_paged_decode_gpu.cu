@@ -13,8 +13,8 @@
 // moves O by at most 2^-8 * max|v| (the weights of a convex combination each change by <= 2^-8
 // relative); the output is rounded to BF16 (<= 2^-8 |o|); FP32 scores and sums, ex2.approx:
 // ~1e-5 relative. Allowed per element: 2^-7 * max|v| + 2^-7 * |o| (twice the bound), and over
-// all elements a relative L2 <= 2^-8 (the output rounding alone is ~0.0011). LSE: only FP32
-// sums and scores, ~1e-5 relative: allowed 1e-3 absolute (+1e-5 relative).
+// all elements a relative L2 <= 2^-7 (expected ~0.0023, see check_config). LSE: only FP32 sums
+// and scores, ~1e-5 relative: allowed 1e-3 absolute (+1e-5 relative).
 // Float64: the GPU output's cosine / rel-L2 against float64 attention on the *unquantized* tokens
 // must match the golden model's own (the format's error) to 1e-3: the kernel adds no error of
 // its own beyond that.
@@ -424,13 +424,14 @@ void check_config(const Config& c) {
   }
   EXPECT_EQ(bad, 0) << "elements outside the tolerance (worst |err| / max|v| = " << worst << ")";
   EXPECT_EQ(bad_lse, 0);
-  // In aggregate the errors are far below the worst case: the BF16 output rounding gives a
-  // relative L2 of about 2^-9 / sqrt(3) ~ 0.0011 and the P rounding averages out over the keys;
-  // 2^-8 (3.5x that) catches a systematic error (a scale, a channel or key map) that the
-  // element bound, sized for the worst case, could let through.
+  // In aggregate the errors are far below the worst case: P's BF16 rounding (relative rms about
+  // 2^-8 * 0.43, for mantissas spread over a binade) and the output's (the same) are independent,
+  // so the relative L2 against the golden model is about 0.0023; 2^-7 (3.4x that) catches a
+  // systematic error (a scale, a channel or key map) that the element bound, sized for the worst
+  // case, could let through.
   if (x.total_q > 0) {
     const ErrorStats vs_golden = compare(test.data(), o_ref.data(), n_out);
-    EXPECT_LE(vs_golden.rel_l2, std::ldexp(1.0, -8)) << "rel_l2 against the golden model";
+    EXPECT_LE(vs_golden.rel_l2, std::ldexp(1.0, -7)) << "rel_l2 against the golden model";
   }
 
   // Float64 on the unquantized tokens: the kernel's accuracy equals the format's.
