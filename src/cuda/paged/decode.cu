@@ -47,6 +47,18 @@ Status check_vector_view(const TensorView& t, const char* name, int bytes) {
                              std::to_string(bytes) + " bytes");
 }
 
+// The kernel adds 32-bit offsets inside a page (token and head strides, the lane's chunk): the
+// largest must fit.
+Status check_in_page(const TensorView& t, const char* name) {
+  if (!t.defined()) return Status::Ok();
+  const int64_t last = (t.shape[1] - 1) * t.stride[1] + (t.shape[2] - 1) * t.stride[2] + t.shape[3];
+  if (last <= INT32_MAX) return Status::Ok();
+  return Status::Unsupported(std::string(name) + ": offsets inside a page reach " +
+                             std::to_string(last) +
+                             " bytes; the decode kernel needs them below 2^31 (token and head "
+                             "strides)");
+}
+
 Status check_host_copy(const TensorView& host, const TensorView& dev, const char* name) {
   FP4ATTN_RETURN_IF_ERROR(check_dtype(host, name, {DType::kI32}));
   FP4ATTN_RETURN_IF_ERROR(check_strides(host, name));
@@ -106,6 +118,10 @@ Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedK
   const int vec = fp4 ? static_cast<int>(kv.head_dim / 8) : 16;
   FP4ATTN_RETURN_IF_ERROR(check_vector_view(cache.k_data, "k_cache", vec));
   FP4ATTN_RETURN_IF_ERROR(check_vector_view(cache.v_data, "v_cache", vec));
+  FP4ATTN_RETURN_IF_ERROR(check_in_page(cache.k_data, "k_cache"));
+  FP4ATTN_RETURN_IF_ERROR(check_in_page(cache.v_data, "v_cache"));
+  FP4ATTN_RETURN_IF_ERROR(check_in_page(cache.k_scales, "k_scales"));
+  FP4ATTN_RETURN_IF_ERROR(check_in_page(cache.v_scales, "v_scales"));
   double scale = 0;
   FP4ATTN_RETURN_IF_ERROR(resolve_softmax_scale(opt.softmax_scale, kv.head_dim, &scale));
 

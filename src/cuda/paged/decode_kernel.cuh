@@ -172,40 +172,102 @@ __device__ __forceinline__ KeyLoc locate_key(const DecodeParams& p, int b, int k
   return {page, key - pi * p.page_size, page >= 0 && page < p.num_pages};
 }
 
+// A lane's byte offsets inside a page that do not depend on the token: the kv head and the lane's
+// chunk (K data / K scales / V data / V scales), 32-bit (decode.cu checks that every in-page
+// offset fits). Recomputed per tile (4 IMADs) rather than held in registers across the loop.
+struct LaneOffsets {
+  int32_t kd, ks, vd, vs;
+};
+
+template <int D, bool kFp4>
+__device__ __forceinline__ LaneOffsets lane_offsets(const DecodeParams& p, int hk, int g, int t) {
+  LaneOffsets o;
+  o.kd = static_cast<int32_t>(hk * p.k.data_s[2]) + t * (kFp4 ? D / 8 : D / 4);
+  o.vd = static_cast<int32_t>(hk * p.v.data_s[2]) + g * (kFp4 ? D / 16 : D / 8);
+  o.ks = static_cast<int32_t>(hk * p.k.scales_s[2]) + (D == 128 ? 2 * t : t);
+  o.vs = static_cast<int32_t>(hk * p.v.scales_s[2]) + (D == 128 ? g : g / 2);
+  return o;
+}
+
+// The four page bases of one page id.
+struct PageBases {
+  const uint8_t *kd, *ks, *vd, *vs;
+};
+
+__device__ __forceinline__ PageBases page_bases(const DecodeParams& p, int64_t page) {
+  return {p.k.data + page * p.k.data_s[0], p.k.scales + page * p.k.scales_s[0],
+          p.v.data + page * p.v.data_s[0], p.v.scales + page * p.v.scales_s[0]};
+}
+
+// Key kk of the tile into K slot j (its data chunk and, NVFP4, its scale bytes).
+template <int D, bool kFp4>
+__device__ __forceinline__ void load_k_key(const DecodeParams& p, const PageBases& pb, int tok,
+                                           const LaneOffsets& lo, int j, RawTile<D, kFp4>& r) {
+  load_words(r.k[j], pb.kd + (tok * static_cast<int32_t>(p.k.data_s[1]) + lo.kd));
+  if constexpr (kFp4) {
+    const uint8_t* sc = pb.ks + (tok * static_cast<int32_t>(p.k.scales_s[1]) + lo.ks);
+    if constexpr (D == 128) {
+      r.ks |= (uint32_t(__ldg(sc)) | uint32_t(__ldg(sc + 1)) << 8) << (16 * j);
+    } else {
+      r.ks |= uint32_t(__ldg(sc)) << (8 * j);
+    }
+  }
+}
+
+template <int D, bool kFp4>
+__device__ __forceinline__ void load_v_key(const DecodeParams& p, const PageBases& pb, int tok,
+                                           const LaneOffsets& lo, int j, RawTile<D, kFp4>& r) {
+  load_words(r.v[j], pb.vd + (tok * static_cast<int32_t>(p.v.data_s[1]) + lo.vd));
+  if constexpr (kFp4) {
+    r.vs |= uint32_t(__ldg(pb.vs + (tok * static_cast<int32_t>(p.v.scales_s[1]) + lo.vs)))
+            << (8 * j);
+  }
+}
+
 // Loads tile kt (keys [kt, kt + 16), those >= kend read as zeros). Sets *bad on a page id out of
-// range.
+// range. When a tile lies in one page (page_size % 16 == 0, tiles start at multiples of 16), one
+// block-table read and one 64-bit page base per array serve the tile, and each key adds a 32-bit
+// in-page offset; otherwise every key looks its page up.
 template <int D, bool kFp4>
 __device__ __forceinline__ void load_tile(const DecodeParams& p, int b, int hk, int kt, int kend,
                                           int g, int t, RawTile<D, kFp4>& r, bool* bad) {
-  using R = RawTile<D, kFp4>;
-  KeyLoc tile_loc{};
-  if (p.pages16) tile_loc = locate_key(p, b, kt);
-  auto loc = [&](int kk) -> KeyLoc {
-    if (p.pages16) return {tile_loc.page, tile_loc.tok + kk, tile_loc.ok};
-    return locate_key(p, b, kt + kk);
-  };
+  // hk, g, t made opaque here so that the compiler recomputes the four offsets per tile (4 IMADs)
+  // instead of holding them across the loop: at d = 128 those 4 registers made it spill.
+  int hk_o = hk, g_o = g, t_o = t;
+  asm volatile("" : "+r"(hk_o), "+r"(g_o), "+r"(t_o));
+  const LaneOffsets lo = lane_offsets<D, kFp4>(p, hk_o, g_o, t_o);
   r.ks = 0;
   r.vs = 0;
 #pragma unroll
+  for (int j = 0; j < 2; ++j) zero_words(r.k[j]);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) zero_words(r.v[j]);
+  if (p.pages16) {
+    const KeyLoc l = locate_key(p, b, kt);
+    if (!l.ok) {  // kt < kend: the tile's first key is real
+      *bad = true;
+      return;
+    }
+    const PageBases pb = page_bases(p, l.page);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int kk = g + 8 * j;
+      if (kt + kk < kend) load_k_key<D, kFp4>(p, pb, l.tok + kk, lo, j, r);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int kk = v_key(t, j);
+      if (kt + kk < kend) load_v_key<D, kFp4>(p, pb, l.tok + kk, lo, j, r);
+    }
+    return;
+  }
+#pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int kk = g + 8 * j;
-    zero_words(r.k[j]);
     if (kt + kk < kend) {
-      const KeyLoc l = loc(kk);
+      const KeyLoc l = locate_key(p, b, kt + kk);
       if (l.ok) {
-        const DecodeSide& s = p.k;
-        const int64_t row = l.page * s.data_s[0] + l.tok * s.data_s[1] + hk * s.data_s[2];
-        load_words(r.k[j], s.data + row + t * (kFp4 ? D / 8 : D / 4));
-        if constexpr (kFp4) {
-          const uint8_t* sc =
-              s.scales + l.page * s.scales_s[0] + l.tok * s.scales_s[1] + hk * s.scales_s[2];
-          if constexpr (D == 128) {
-            r.ks |= (uint32_t(__ldg(sc + 2 * t)) | uint32_t(__ldg(sc + 2 * t + 1)) << 8)
-                    << (16 * j);
-          } else {
-            r.ks |= uint32_t(__ldg(sc + t)) << (8 * j);
-          }
-        }
+        load_k_key<D, kFp4>(p, page_bases(p, l.page), l.tok, lo, j, r);
       } else {
         *bad = true;
       }
@@ -214,24 +276,15 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, int b, int hk, 
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int kk = v_key(t, j);
-    zero_words(r.v[j]);
     if (kt + kk < kend) {
-      const KeyLoc l = loc(kk);
+      const KeyLoc l = locate_key(p, b, kt + kk);
       if (l.ok) {
-        const DecodeSide& s = p.v;
-        const int64_t row = l.page * s.data_s[0] + l.tok * s.data_s[1] + hk * s.data_s[2];
-        load_words(r.v[j], s.data + row + g * (kFp4 ? D / 16 : D / 8));
-        if constexpr (kFp4) {
-          const uint8_t* sc =
-              s.scales + l.page * s.scales_s[0] + l.tok * s.scales_s[1] + hk * s.scales_s[2];
-          r.vs |= uint32_t(__ldg(sc + (D == 128 ? g : g / 2))) << (8 * j);
-        }
+        load_v_key<D, kFp4>(p, page_bases(p, l.page), l.tok, lo, j, r);
       } else {
         *bad = true;
       }
     }
   }
-  (void)sizeof(R);
 }
 
 // ---- one tile: S = Q K^T, online softmax, O += P V -------------------------------------------
