@@ -761,6 +761,9 @@ TEST(PagedDecodeGpu, BadInputIsRejectedBeforeAnyLaunch) {
   PagedKvCache bad_stride = cache;
   bad_stride.v_data = make_strided_view(fake + (1 << 16), DType::kU8, {pages, ps, h_kv, d / 2},
                                         {ps * h_kv * 72, h_kv * 72, 72, 1});
+  PagedKvCache huge_head_stride = cache;  // in-page offsets beyond 2^31 (32-bit in the kernel)
+  huge_head_stride.k_data = make_strided_view(fake, DType::kU8, {pages, ps, h_kv, d / 2},
+                                              {int64_t{1} << 33, 64, int64_t{1} << 31, 1});
   PagedAttentionCudaOptions small_ws;
   small_ws.num_splits = 4;
   small_ws.workspace = fake;
@@ -794,6 +797,7 @@ TEST(PagedDecodeGpu, BadInputIsRejectedBeforeAnyLaunch) {
       {"lse shape", run(q, cache, o, make_view(fake, DType::kF32, {b, h, 2}), none), "lse"},
       {"misaligned k", run(q, misaligned, o, lse, none), "k_cache"},
       {"v stride", run(q, bad_stride, o, lse, none), "v_cache"},
+      {"in-page offsets", run(q, huge_head_stride, o, lse, none), "offsets inside a page"},
       {"page id", run(q, cache, o, lse, host(bt_oob, sl_ok)), "block_tables[0, 1]"},
       {"seq_len", run(q, cache, o, lse, host(bt_ok, sl_long)), "seq_lens[1]"},
       {"half host copies", run(q, cache, o, lse, half_host), "copt.block_tables_host"},
