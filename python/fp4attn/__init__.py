@@ -8,7 +8,8 @@ tensors on the GPU kernels. See docs/python.md.
 
 from ._checks import RECIPES
 from ._native import _C, UnsupportedError
-from .api import attn_func, attn_quantized, quantize_q, quantize_qkv
+from .api import attn_func, attn_quantized, fake_quantize, quantize_q, quantize_qkv
+from .paged import PagedKVCache, append_kv, decode
 from .quantized import QuantizedQKV
 from .varlen import attn_varlen_func
 
@@ -25,12 +26,16 @@ def cuda_available() -> bool:
 
 __all__ = [
     "RECIPES",
+    "PagedKVCache",
     "QuantizedQKV",
     "UnsupportedError",
+    "append_kv",
     "attn_func",
     "attn_quantized",
     "attn_varlen_func",
     "cuda_available",
+    "decode",
+    "fake_quantize",
     "quantize_q",
     "quantize_qkv",
 ]

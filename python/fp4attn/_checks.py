@@ -13,6 +13,8 @@ from . import _C
 
 HEAD_DIMS = (64, 128)
 LAYOUTS = ("bshd", "bhsd")
+D_SOURCES = ("forward-o", "high-precision-o")
+ROLES = ("q", "k", "v")
 CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 CUDA_DTYPES = (torch.float16, torch.bfloat16)
 RECIPES = tuple(name for name, _ in _C.recipes())
@@ -36,6 +38,14 @@ def check_recipe(recipe: object) -> str:
     if recipe not in RECIPES:
         raise ValueError(f"recipe: unknown recipe {recipe!r} (known: {', '.join(RECIPES)})")
     return recipe
+
+
+def check_choice(value: object, name: str, choices: tuple) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected a str, got {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
+    return value
 
 
 def check_softmax_scale(softmax_scale: object) -> float:

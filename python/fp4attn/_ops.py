@@ -6,10 +6,12 @@ golden model, on CUDA through the kernels, on the current stream (no synchroniza
 can be captured in a CUDA graph).
 """
 
+from __future__ import annotations
+
 import torch
 from torch import Tensor
 
-from ._native import _C, as_codes, cuda_stream, require_cuda_build, run_cuda
+from ._native import _C, UnsupportedError, as_codes, cuda_stream, require_cuda_build, run_cuda
 
 E4M3 = torch.float8_e4m3fn
 V_TOKEN_PAD = 16  # operands.h: V^T rows are padded to a multiple of 16 tokens
@@ -41,9 +43,18 @@ def _outputs(q_shape, dtype, device):
 
 @torch.library.custom_op("fp4attn::attn_fwd", mutates_args=())
 def attn_fwd(
-    q: Tensor, k: Tensor, v: Tensor, recipe: str, softmax_scale: float, causal: bool
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    recipe: str,
+    softmax_scale: float,
+    causal: bool,
+    d_source: str = "forward-o",
 ) -> tuple[Tensor, Tensor]:
-    """Forward attention, BSHD. softmax_scale 0 means 1/sqrt(head_dim). Returns (o, lse)."""
+    """Forward attention, BSHD. softmax_scale 0 means 1/sqrt(head_dim). Returns (o, lse).
+
+    d_source is for the backward only (which O enters D = rowsum(dO * O), numerics.md §8); it is
+    an argument so that autograd sees it."""
     o, lse = _outputs(q.shape, q.dtype, q.device)
     if q.device.type == "cuda":
         require_cuda_build("q", attention=True)
@@ -66,7 +77,7 @@ def attn_fwd(
 
 
 @attn_fwd.register_fake
-def _(q, k, v, recipe, softmax_scale, causal):
+def _(q, k, v, recipe, softmax_scale, causal, d_source="forward-o"):
     return _outputs(q.shape, q.dtype, q.device)
 
 
@@ -108,6 +119,52 @@ def _(x, recipe, role, tensor_scale):
         x.new_empty(data_shape, dtype=operand_dtype(recipe)),
         x.new_empty(scale_shape, dtype=torch.float32),
     )
+
+
+def _v_positions(s: int, device) -> Tensor:
+    """Position of each key 0..s-1 in its V^T row (operands.h operand_v_position_of)."""
+    key = torch.arange(s, device=device)
+    k = key & 15
+    return (key & ~15) + 4 * ((k >> 1) & 3) + (k & 1) + 2 * (k >> 3)
+
+
+def dequantize_operand(data: Tensor, scale: Tensor, role: str, seqlen: int) -> Tensor:
+    """BSHD float64 values of an operand: data x its scale (operands.h). Exact: a code of at most
+    8 significant bits times an FP32 scale fits in float64's 53."""
+    data = data.double()
+    if role == "v":  # data [b, h, d, pitch] with keys permuted, scale per channel [b, h, d]
+        values = data.index_select(3, _v_positions(seqlen, data.device)) * scale.double()[..., None]
+        return values.permute(0, 3, 1, 2)
+    # data [b, h, s, d], scale [b, h, tiles] for 128-token tiles
+    row_scale = scale.double().repeat_interleave(SCALE_TILE, dim=2)[:, :, :seqlen, None]
+    return (data * row_scale).transpose(1, 2)
+
+
+@torch.library.custom_op("fp4attn::fake_quantize", mutates_args=())
+def fake_quantize(
+    x: Tensor, recipe: str, role: str, tensor_scale: float, out_dtype: torch.dtype
+) -> Tensor:
+    """x's operand values for `role` (what the recipe's forward multiplies), BSHD, out_dtype."""
+    # The forward reads its inputs as FP32 values (numerics.md §1); so does the quantizer here.
+    src = x if x.dtype in (torch.float16, torch.bfloat16, torch.float32) else x.float()
+    data, scale = quantize_operand(src, recipe, role, tensor_scale)
+    return dequantize_operand(data, scale, role, x.shape[1]).to(out_dtype).contiguous()
+
+
+@fake_quantize.register_fake
+def _(x, recipe, role, tensor_scale, out_dtype):
+    return x.new_empty(x.shape, dtype=out_dtype)
+
+
+def _fake_quantize_setup_context(ctx, inputs, output):
+    ctx.x_dtype = inputs[0].dtype
+
+
+def _fake_quantize_backward(ctx, grad):
+    return grad.to(ctx.x_dtype), None, None, None, None  # straight through
+
+
+fake_quantize.register_autograd(_fake_quantize_backward, setup_context=_fake_quantize_setup_context)
 
 
 # ---- attention on kernel operands -------------------------------------------------------------
@@ -157,14 +214,78 @@ def _(q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, softmax_scale, 
     return _outputs((b, s_q, h, d), out_dtype, q_data.device)
 
 
-# ---- autograd: forward only -------------------------------------------------------------------
+# ---- backward (CPU: the golden model) ----------------------------------------------------------
+
+
+@torch.library.custom_op("fp4attn::attn_bwd", mutates_args=())
+def attn_bwd(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    dlse: Tensor | None,
+    recipe: str,
+    softmax_scale: float,
+    causal: bool,
+    d_source: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients (dq, dk, dv) of attn_fwd, in q's dtype, from what the forward saved (o, lse).
+
+    dlse, the gradient reaching the LSE output, must be None or all zero: the LSE is not
+    differentiated (a nonzero one raises UnsupportedError rather than being dropped)."""
+    if q.device.type != "cpu":
+        raise UnsupportedError(
+            f"q: on {q.device}: the GPU backward is not built yet; fp4attn computes gradients on "
+            "the CPU only (the golden model): run attn_func on CPU tensors to train"
+        )
+    if dlse is not None and bool(dlse.ne(0).any()):
+        raise UnsupportedError(
+            "lse: fp4attn's backward differentiates o only; a loss that depends on the returned "
+            "lse (nonzero gradient reaching it) is not supported"
+        )
+    # The golden model writes float32 (float64 for float64 inputs) and we cast to q's dtype.
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dq = torch.empty(q.shape, dtype=acc)
+    dk = torch.empty(k.shape, dtype=acc)
+    dv = torch.empty(v.shape, dtype=acc)
+    _C.golden_backward(q, k, v, o, dout, lse, dq, dk, dv, recipe, softmax_scale, causal, d_source)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+@attn_bwd.register_fake
+def _(dout, q, k, v, o, lse, dlse, recipe, softmax_scale, causal, d_source):
+    return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+
+
+def _attn_setup_context(ctx, inputs, output):
+    q, k, v, recipe, softmax_scale, causal, d_source = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.options = (recipe, softmax_scale, causal, d_source)
+
+
+def _attn_backward(ctx, grad_o, grad_lse):
+    q, k, v, o, lse = ctx.saved_tensors
+    recipe, softmax_scale, causal, d_source = ctx.options
+    dq, dk, dv = attn_bwd(
+        grad_o.contiguous(), q, k, v, o, lse, grad_lse, recipe, softmax_scale, causal, d_source
+    )
+    return dq, dk, dv, None, None, None, None
+
+
+attn_fwd.register_autograd(_attn_backward, setup_context=_attn_setup_context)
+
+
+# ---- no backward over kernel operands ---------------------------------------------------------
 
 
 def _no_backward(ctx, *grads):
     raise NotImplementedError(
-        "fp4attn: the backward pass is not implemented yet (forward only); run fp4attn under "
-        "torch.no_grad()/torch.inference_mode(), or use torch.nn.functional."
-        "scaled_dot_product_attention where gradients are needed"
+        "fp4attn: attn_quantized has no backward (its inputs are quantized codes, which are not "
+        "differentiable); use attn_func, whose backward runs on CPU tensors, or run under "
+        "torch.no_grad()/torch.inference_mode()"
     )
 
 
@@ -172,7 +293,6 @@ def _no_context(ctx, inputs, output):
     pass
 
 
-for _op in (attn_fwd, attn_operands_fwd):
-    _op.register_autograd(_no_backward, setup_context=_no_context)
+attn_operands_fwd.register_autograd(_no_backward, setup_context=_no_context)
 
-__all__ = ["attn_fwd", "attn_operands_fwd", "quantize_operand"]
+__all__ = ["attn_bwd", "attn_fwd", "attn_operands_fwd", "fake_quantize", "quantize_operand"]

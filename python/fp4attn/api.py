@@ -30,6 +30,7 @@ def attn_func(
     recipe: str = "nvfp4",
     return_lse: bool = False,
     layout: str = "bshd",
+    d_source: str = "forward-o",
 ):
     """Attention with the operands quantized by `recipe` (docs/numerics.md).
 
@@ -39,6 +40,10 @@ def attn_func(
     softmax_scale defaults to 1/sqrt(d); causal is bottom-right aligned (FlashAttention's
     convention). Returns o in q's layout and dtype, and with return_lse also lse float32
     [b, h, s_q] (natural log).
+
+    Autograd (CPU tensors): gradients flow through o, computed by the golden model's backward
+    (docs/python.md "Autograd"); d_source picks the O of D = rowsum(dO * O): "forward-o" (the
+    quantized forward's) or "high-precision-o" (docs/numerics.md §8). lse is not differentiated.
     """
     _checks.check_layout(layout)
     _checks.check_qkv(q, k, v, layout)
@@ -46,10 +51,55 @@ def attn_func(
     _checks.check_bool(causal, "causal")
     _checks.check_bool(return_lse, "return_lse")
     _checks.check_recipe(recipe)
+    _checks.check_choice(d_source, "d_source", _checks.D_SOURCES)
     o, lse = _ops.attn_fwd(
-        _to_bshd(q, layout), _to_bshd(k, layout), _to_bshd(v, layout), recipe, scale, causal
+        _to_bshd(q, layout),
+        _to_bshd(k, layout),
+        _to_bshd(v, layout),
+        recipe,
+        scale,
+        causal,
+        d_source,
     )
     return _result(o, lse, layout, return_lse)
+
+
+def fake_quantize(
+    x: torch.Tensor,
+    recipe: str = "nvfp4",
+    role: str = "q",
+    layout: str = "bshd",
+    tensor_scale: float | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Straight-through fake quantization for QAT: the values `recipe`'s forward multiplies for
+    operand `role` ("q", "k" or "v") of x, with an identity gradient.
+
+    x as q (role "q") or k/v of attn_func, in `layout`; tensor_scale as in quantize_qkv. Returns
+    x's shape and layout in out_dtype (default x's dtype). The values are data code x block
+    scale of the kernel operand, exact in float64; another out_dtype rounds them once (RNE).
+    """
+    _checks.check_layout(layout)
+    _checks.check_recipe(recipe)
+    _checks.check_choice(role, "role", _checks.ROLES)
+    seq = "seqlen_q" if role == "q" else "seqlen_k"
+    dims = (
+        f"(batch, {seq}, heads, head_dim)"
+        if layout == "bshd"
+        else f"(batch, heads, {seq}, head_dim)"
+    )
+    _checks.check_tensor(x, "x", 4, dims)
+    _checks.check_device(x, "x", x, "x")
+    _checks.check_input_dtype(x, "x")
+    _checks.check_last_dim_contiguous(x, "x")
+    _checks.check_head_dim(x.shape[3], "x")
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
+        raise TypeError(f"out_dtype: expected a floating-point torch.dtype, got {out_dtype!r}")
+    values = _ops.fake_quantize(
+        _to_bshd(x, layout), recipe, role, _tensor_scale(tensor_scale, "tensor_scale"), out_dtype
+    )
+    return _to_bshd(values, layout)
 
 
 def _tensor_scale(value: float | None, name: str) -> float:

@@ -28,8 +28,8 @@ def _attention(recipe: str):
                 raise UnsupportedError(f"{name}: not supported by fp4attn")
         if dropout:
             raise UnsupportedError(
-                "dropout: fp4attn is forward-only (inference); got "
-                f"{dropout} (is the model in training mode?)"
+                "dropout: attention dropout is not supported by fp4attn; got "
+                f"{dropout} (is the model in training mode with attention_dropout > 0?)"
             )
         causal = kwargs.get("is_causal")
         causal = getattr(module, "is_causal", True) if causal is None else bool(causal)

@@ -19,6 +19,47 @@ OperandRole role_arg(const std::string& name) {
   throw nb::value_error(("role: expected 'q', 'k' or 'v', got '" + name + "'").c_str());
 }
 
+KvCacheFormat kv_format_arg(const std::string& name) {
+  if (name == "nvfp4") return KvCacheFormat::kNvfp4;
+  if (name == "fp8") return KvCacheFormat::kFp8;
+  throw nb::value_error(("format: expected 'nvfp4' or 'fp8', got '" + name + "'").c_str());
+}
+
+Nvfp4ScaleRule scale_rule_arg(const std::string& name) {
+  std::string known;
+  for (Nvfp4ScaleRule r : {Nvfp4ScaleRule::kNearest, Nvfp4ScaleRule::kRoundUp,
+                           Nvfp4ScaleRule::kFourOverSix, Nvfp4ScaleRule::kRestricted}) {
+    if (name == scale_rule_name(r)) return r;
+    known += std::string(known.empty() ? "" : ", ") + scale_rule_name(r);
+  }
+  throw nb::value_error(
+      ("rule: unknown NVFP4 scale rule '" + name + "' (known: " + known + ")").c_str());
+}
+
+PagedKvCache paged_cache_arg(const Array& k_data, const Array& v_data, const OptArray& k_scales,
+                             const OptArray& v_scales, const Array& k_global, const Array& v_global,
+                             const std::string& format, const std::string& rule) {
+  PagedKvCache c;
+  c.format = kv_format_arg(format);
+  c.rule = scale_rule_arg(rule);
+  const bool fp8 = c.format == KvCacheFormat::kFp8;
+  if (fp8 && (k_scales || v_scales)) {
+    throw nb::value_error(k_scales ? "k_scales: must be None for an FP8 cache"
+                                   : "v_scales: must be None for an FP8 cache");
+  }
+  if (!fp8 && (!k_scales || !v_scales)) {
+    throw nb::value_error(!k_scales ? "k_scales: required for an NVFP4 cache"
+                                    : "v_scales: required for an NVFP4 cache");
+  }
+  c.k_data = to_view(k_data, "k_data", fp8);
+  c.v_data = to_view(v_data, "v_data", fp8);
+  c.k_scales = optional_view(k_scales, "k_scales", true);
+  c.v_scales = optional_view(v_scales, "v_scales", true);
+  c.k_global = to_view(k_global, "k_global");
+  c.v_global = to_view(v_global, "v_global");
+  return c;
+}
+
 TensorView optional_view(const OptArray& a, const char* name, bool as_e4m3) {
   return a ? to_view(*a, name, as_e4m3) : TensorView{};
 }

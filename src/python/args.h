@@ -7,6 +7,7 @@
 #include <string>
 
 #include "fp4attn/operands.h"
+#include "fp4attn/paged_kv.h"
 #include "fp4attn/recipe.h"
 #include "python/dlpack_view.h"
 
@@ -19,6 +20,18 @@ using OptArray = std::optional<Array>;
 Recipe recipe_arg(const std::string& name);
 // "q" / "k" / "v" -> OperandRole.
 OperandRole role_arg(const std::string& name);
+
+// "nvfp4" / "fp8" -> KvCacheFormat; "nearest", "round-up", "four-over-six", "restricted" ->
+// Nvfp4ScaleRule (quantize.h's scale_rule_name). ValueError naming `format` / `rule` otherwise.
+KvCacheFormat kv_format_arg(const std::string& name);
+Nvfp4ScaleRule scale_rule_arg(const std::string& name);
+
+// The PagedKvCache over the caller's tensors (paged_kv.h): FP8 data and every scale tensor may
+// be uint8 (retyped as E4M3 codes); the scales are None for an FP8 cache. The device is checked
+// by the caller (require_host / require_cuda).
+PagedKvCache paged_cache_arg(const Array& k_data, const Array& v_data, const OptArray& k_scales,
+                             const OptArray& v_scales, const Array& k_global, const Array& v_global,
+                             const std::string& format, const std::string& rule);
 
 // An undefined view for None, else to_view(*a).
 TensorView optional_view(const OptArray& a, const char* name, bool as_e4m3 = false);

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "fp4attn/operands_cuda.h"
+#include "fp4attn/paged_kv_cuda.h"
 #include "python/args.h"
 #include "python/bindings.h"
 #include "python/status_error.h"
@@ -33,6 +34,33 @@ void quantize_operand_cuda_py(const Array& x, const std::string& recipe, const s
   throw_if_error(quantize_operand_cuda(
       to_view(x, "x"), r, role_arg(role), opt, to_view(data, "data", r != Recipe::kBf16),
       to_view(scale, "scale"), optional_view(mean, "mean"), stream_arg(stream)));
+}
+
+// The GPU append of the paged KV cache (paged_kv_cuda.h). slot_mapping_host: an optional host copy
+// of slot_mapping whose values are checked before any launch.
+void paged_kv_append_cuda_py(const Array& k, const Array& v, const Array& slot_mapping,
+                             const Array& k_data, const Array& v_data, const OptArray& k_scales,
+                             const OptArray& v_scales, const Array& k_global, const Array& v_global,
+                             const std::string& format, const std::string& rule,
+                             const OptArray& slot_mapping_host, bool calibrate, uintptr_t stream) {
+  require_cuda({{&k, "k"},
+                {&v, "v"},
+                {&slot_mapping, "slot_mapping"},
+                {&k_data, "k_data"},
+                {&v_data, "v_data"},
+                {&k_global, "k_global"},
+                {&v_global, "v_global"}});
+  if (k_scales) require_cuda({{&k, "k"}, {&*k_scales, "k_scales"}});
+  if (v_scales) require_cuda({{&k, "k"}, {&*v_scales, "v_scales"}});
+  if (slot_mapping_host) require_host({{&*slot_mapping_host, "slot_mapping_host"}});
+  const PagedKvCache cache =
+      paged_cache_arg(k_data, v_data, k_scales, v_scales, k_global, v_global, format, rule);
+  PagedAppendCudaOptions opt;
+  opt.slot_mapping_host = optional_view(slot_mapping_host, "slot_mapping_host");
+  opt.calibrate = calibrate;
+  throw_if_error(paged_kv_append_cuda(to_view(k, "k"), to_view(v, "v"),
+                                      to_view(slot_mapping, "slot_mapping"), cache, opt,
+                                      stream_arg(stream)));
 }
 
 #ifdef FP4ATTN_PY_CUDA_ATTENTION
@@ -85,6 +113,11 @@ void bind_cuda(nb::module_& m) {
   m.def("quantize_operand_cuda", &quantize_operand_cuda_py, arg("x"), arg("recipe"), arg("role"),
         arg("tensor_scale"), arg("smooth_k"), arg("data"), arg("scale"), arg("mean").none(),
         arg("stream"), "GPU kernel operand of one role, launched on `stream`.");
+  m.def("paged_kv_append_cuda", &paged_kv_append_cuda_py, arg("k"), arg("v"), arg("slot_mapping"),
+        arg("k_data"), arg("v_data"), arg("k_scales").none(), arg("v_scales").none(),
+        arg("k_global"), arg("v_global"), arg("format"), arg("rule"),
+        arg("slot_mapping_host").none(), arg("calibrate"), arg("stream"),
+        "GPU append of the paged KV cache (the host append's bytes), launched on `stream`.");
 #ifdef FP4ATTN_PY_CUDA_ATTENTION
   m.def("has_cuda_attention", [] { return true; });
   m.def("attention_cuda", &attention_cuda, arg("q"), arg("k"), arg("v"), arg("o"),

@@ -5,5 +5,7 @@
 NB_MODULE(_C, m) {
   m.doc() = "fp4attn native extension (DLPack tensors in, Status messages out as ValueError)";
   fp4attn::py::bind_host(m);
+  fp4attn::py::bind_backward(m);
+  fp4attn::py::bind_paged(m);
   fp4attn::py::bind_cuda(m);
 }

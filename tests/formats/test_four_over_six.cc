@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <random>
 
+#include "common/half.h"
 #include "cuda/quantize/four_over_six.h"
 #include "fp4attn/formats.h"
 #include "fp4attn/quantize.h"
@@ -15,11 +16,7 @@
 namespace fp4attn {
 namespace {
 
-float bf16_round(float v) {
-  uint32_t u = float_bits(v);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return bits_float(u & 0xFFFF0000u);
-}
+float bf16_round(float v) { return bf16_bits_to_float(float_to_bf16_bits(v)); }
 
 struct Stats {
   int64_t blocks = 0, fast = 0, use4 = 0, ties = 0, failures = 0;

@@ -1,0 +1,388 @@
+"""The paged KV cache (NVFP4, or FP8 as the comparison point) for decode, speculative decode and
+paged prefill: docs/kernels/decode.md has the layout, docs/python.md the usage.
+
+    cache = PagedKVCache.empty(num_pages, page_size, kv_heads, head_dim, format="nvfp4")
+    append_kv(cache, k, v, slot_mapping)                 # vLLM's reshape_and_cache
+    o = decode(q, cache, block_tables, seq_lens)         # attention over the cached tokens
+
+CPU tensors run the host reference (append) and the golden paged attention (float64 on the
+decoded cache). CUDA tensors: append_kv runs the GPU append when this build has CUDA; decode
+raises UnsupportedError until the GPU decode kernel is built. Plain functions, not torch.library
+custom ops (no torch.compile tracing, no autograd).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import _checks
+from ._native import _C, UnsupportedError, as_codes, cuda_stream, require_cuda_build, run_cuda
+
+FORMATS = ("nvfp4", "fp8")
+SCALE_RULES = ("nearest", "round-up", "four-over-six", "restricted")
+_APPEND_CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_CODE_DTYPES = (torch.uint8, torch.float8_e4m3fn)
+_CACHE_DIMS = "(num_pages, page_size, kv_heads, {})"
+
+
+@dataclass
+class PagedKVCache:
+    """The K/V cache of one layer, NHD pages (vLLM's reshape_and_cache_flash layout):
+
+    nvfp4: k_data, v_data uint8 [num_pages, page_size, kv_heads, head_dim // 2] (two E2M1 codes
+           per byte, element 2j in the low nibble); k_scales, v_scales float8_e4m3fn (or uint8)
+           [num_pages, page_size, kv_heads, head_dim // 16]; k_global, v_global float32 [1], the
+           encode scale s_enc (x = e2m1 * scale / s_enc).
+    fp8:   k_data, v_data float8_e4m3fn (or uint8) [num_pages, page_size, kv_heads, head_dim];
+           k_scales, v_scales None; k_global, v_global float32 [1], the decode scale (vLLM's
+           k_scale, x = e4m3 * scale).
+
+    A global of 0 is "not calibrated yet": the next append that writes a token sets it from that
+    append's values. `rule` is the NVFP4 block-scale rule of the append (quantize.h). The tensors
+    may be views into a larger page pool (any strides, last dimension contiguous).
+    """
+
+    k_data: torch.Tensor
+    v_data: torch.Tensor
+    k_scales: torch.Tensor | None
+    v_scales: torch.Tensor | None
+    k_global: torch.Tensor
+    v_global: torch.Tensor
+    format: str = "nvfp4"
+    rule: str = "nearest"
+
+    @classmethod
+    def empty(
+        cls,
+        num_pages: int,
+        page_size: int,
+        kv_heads: int,
+        head_dim: int,
+        format: str = "nvfp4",
+        device: torch.device | str = "cpu",
+        k_global: float = 0.0,
+        v_global: float = 0.0,
+        rule: str = "nearest",
+    ) -> PagedKVCache:
+        """A zeroed cache; k_global/v_global 0 means calibrated by the first append."""
+        _checks.check_choice(format, "format", FORMATS)
+        _checks.check_choice(rule, "rule", SCALE_RULES)
+        for value, name in (
+            (num_pages, "num_pages"),
+            (page_size, "page_size"),
+            (kv_heads, "kv_heads"),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+            if value < 1:
+                raise ValueError(f"{name}: expected a value >= 1, got {value}")
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int):
+            raise TypeError(f"head_dim: expected an int, got {type(head_dim).__name__}")
+        _checks.check_head_dim(head_dim, "head_dim")
+        if num_pages * page_size >= 2**31:
+            raise ValueError(
+                f"num_pages: num_pages * page_size = {num_pages * page_size} slots do not fit the "
+                "int32 slot mapping"
+            )
+        for value, name in ((k_global, "k_global"), (v_global, "v_global")):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
+            if not (value == 0 or 0 < value < float("inf")):
+                raise ValueError(
+                    f"{name}: expected 0 (calibrate) or a finite value > 0, got {value}"
+                )
+        shape = (num_pages, page_size, kv_heads)
+        if format == "nvfp4":
+            data = (*shape, head_dim // 2)
+            scales = (*shape, head_dim // 16)
+            k_data = torch.zeros(data, dtype=torch.uint8, device=device)
+            v_data = torch.zeros(data, dtype=torch.uint8, device=device)
+            k_scales = torch.zeros(scales, dtype=torch.float8_e4m3fn, device=device)
+            v_scales = torch.zeros(scales, dtype=torch.float8_e4m3fn, device=device)
+        else:
+            k_data = torch.zeros((*shape, head_dim), dtype=torch.float8_e4m3fn, device=device)
+            v_data = torch.zeros((*shape, head_dim), dtype=torch.float8_e4m3fn, device=device)
+            k_scales = v_scales = None
+        kg = torch.tensor([float(k_global)], dtype=torch.float32, device=device)
+        vg = torch.tensor([float(v_global)], dtype=torch.float32, device=device)
+        return cls(k_data, v_data, k_scales, v_scales, kg, vg, format, rule)
+
+    @property
+    def num_pages(self) -> int:
+        return self.k_data.shape[0]
+
+    @property
+    def page_size(self) -> int:
+        return self.k_data.shape[1]
+
+    @property
+    def kv_heads(self) -> int:
+        return self.k_data.shape[2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.k_data.shape[3] * (2 if self.format == "nvfp4" else 1)
+
+    @property
+    def device(self) -> torch.device:
+        return self.k_data.device
+
+    def _native_args(self) -> tuple:
+        def codes(t):
+            return None if t is None else as_codes(t)
+
+        return (
+            codes(self.k_data),
+            codes(self.v_data),
+            codes(self.k_scales),
+            codes(self.v_scales),
+            self.k_global,
+            self.v_global,
+            self.format,
+        )
+
+    def dequantize(
+        self, block_tables: torch.Tensor, seq_lens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached K and V of every sequence as float32 [batch, max(seq_lens), kv_heads,
+        head_dim]: the codec values (what decode multiplies), 0 past each sequence's length.
+        CPU only."""
+        check_cache(self)
+        batch = _check_tables(block_tables, seq_lens, self)
+        if self.device.type != "cpu":
+            raise UnsupportedError(
+                "cache: dequantize runs on CPU tensors only; move the cache and tables with .cpu()"
+            )
+        max_len = max([int(x) for x in seq_lens.tolist()], default=0)
+        shape = (batch, max(max_len, 1), self.kv_heads, self.head_dim)
+        k = torch.empty(shape, dtype=torch.float32)
+        v = torch.empty(shape, dtype=torch.float32)
+        _C.paged_kv_dequantize_host(*self._native_args(), block_tables, seq_lens, k, v)
+        return k[:, :max_len], v[:, :max_len]
+
+
+def check_cache(cache: object) -> PagedKVCache:
+    """Types, dtypes, shapes and devices of a PagedKVCache's tensors."""
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache: expected a fp4attn.PagedKVCache, got {type(cache).__name__}")
+    _checks.check_choice(cache.format, "cache.format", FORMATS)
+    _checks.check_choice(cache.rule, "cache.rule", SCALE_RULES)
+    fp4 = cache.format == "nvfp4"
+    last = "head_dim // 2" if fp4 else "head_dim"
+    for name in ("k_data", "v_data"):
+        t = _checks.check_tensor(getattr(cache, name), f"cache.{name}", 4, _CACHE_DIMS.format(last))
+        allowed = (torch.uint8,) if fp4 else _CODE_DTYPES
+        if t.dtype not in allowed:
+            names = " or ".join(str(d).removeprefix("torch.") for d in allowed)
+            raise TypeError(f"cache.{name}: expected dtype {names}, got {t.dtype}")
+        _checks.check_last_dim_contiguous(t, f"cache.{name}")
+    kd = cache.k_data
+    if cache.v_data.shape != kd.shape:
+        raise ValueError(
+            f"cache.v_data: expected shape {tuple(kd.shape)} like cache.k_data, got "
+            f"{tuple(cache.v_data.shape)}"
+        )
+    _checks.check_head_dim(cache.head_dim, "cache.k_data")
+    for name in ("k_scales", "v_scales"):
+        t = getattr(cache, name)
+        if not fp4:
+            if t is not None:
+                raise ValueError(f"cache.{name}: must be None for an fp8 cache")
+            continue
+        if t is None:
+            raise ValueError(f"cache.{name}: required for an nvfp4 cache")
+        _checks.check_tensor(t, f"cache.{name}", 4, _CACHE_DIMS.format("head_dim // 16"))
+        if t.dtype not in _CODE_DTYPES:
+            raise TypeError(f"cache.{name}: expected dtype float8_e4m3fn or uint8, got {t.dtype}")
+        want = (*kd.shape[:3], cache.head_dim // 16)
+        if tuple(t.shape) != want:
+            raise ValueError(f"cache.{name}: expected shape {want}, got {tuple(t.shape)}")
+        _checks.check_last_dim_contiguous(t, f"cache.{name}")
+    for name in ("k_global", "v_global"):
+        t = _checks.check_tensor(getattr(cache, name), f"cache.{name}", 1, "(1)")
+        if t.dtype != torch.float32 or t.shape[0] != 1:
+            raise ValueError(
+                f"cache.{name}: expected float32 of shape (1), got {t.dtype} {tuple(t.shape)}"
+            )
+    for name in ("v_data", "k_scales", "v_scales", "k_global", "v_global"):
+        t = getattr(cache, name)
+        if t is not None:
+            _checks.check_device(t, f"cache.{name}", kd, "cache.k_data")
+    return cache
+
+
+def _check_int32(t: object, name: str, rank: int, dims: str) -> torch.Tensor:
+    _checks.check_tensor(t, name, rank, dims)
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name}: expected int32, got {t.dtype}")
+    return t
+
+
+def _check_tables(block_tables: object, seq_lens: object, cache: PagedKVCache) -> int:
+    """block_tables int32 [batch, max_pages], seq_lens int32 [batch] on the cache's device."""
+    _check_int32(block_tables, "block_tables", 2, "(batch, max_pages)")
+    _check_int32(seq_lens, "seq_lens", 1, "(batch)")
+    _checks.check_device(block_tables, "block_tables", cache.k_data, "the cache")
+    _checks.check_device(seq_lens, "seq_lens", cache.k_data, "the cache")
+    if seq_lens.shape[0] != block_tables.shape[0]:
+        raise ValueError(
+            f"seq_lens: {seq_lens.shape[0]} sequences, but block_tables has "
+            f"{block_tables.shape[0]} rows"
+        )
+    return block_tables.shape[0]
+
+
+def append_kv(
+    cache: PagedKVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Writes new tokens into the cache in place (vLLM's reshape_and_cache).
+
+    k, v [num_tokens, kv_heads, head_dim]: CPU float16/bfloat16/float32, CUDA float16/bfloat16.
+    slot_mapping int32 (or int64) [num_tokens]: token t goes to slot page * page_size + offset;
+    a negative slot skips the token (padding); a slot past the cache or written twice in one call
+    is an error (on CUDA those are not checked, which would need a sync: the kernels skip a slot
+    past the cache). An uncalibrated global (0) is first set from the tokens this call writes.
+    """
+    check_cache(cache)
+    dims = "(num_tokens, kv_heads, head_dim)"
+    _checks.check_tensor(k, "k", 3, dims)
+    _checks.check_tensor(v, "v", 3, dims)
+    _checks.check_tensor(slot_mapping, "slot_mapping", 1, "(num_tokens)")
+    cuda = k.device.type == "cuda"
+    for t, name in ((k, "k"), (v, "v"), (slot_mapping, "slot_mapping")):
+        _checks.check_device(t, name, cache.k_data, "the cache")
+    allowed = _checks.CUDA_DTYPES if cuda else _APPEND_CPU_DTYPES
+    for t, name in ((k, "k"), (v, "v")):
+        if t.dtype not in allowed:
+            names = ", ".join(str(d).removeprefix("torch.") for d in allowed)
+            where = "CUDA" if cuda else "CPU"
+            raise TypeError(
+                f"{name}: dtype {t.dtype} is not supported on {where} (supported: {names})"
+            )
+        _checks.check_last_dim_contiguous(t, name)
+    if v.dtype != k.dtype:
+        raise TypeError(f"v: dtype {v.dtype} differs from k's {k.dtype}")
+    want = (k.shape[0], cache.kv_heads, cache.head_dim)
+    if tuple(k.shape) != want:
+        raise ValueError(f"k: expected shape {want} {dims} for this cache, got {tuple(k.shape)}")
+    if v.shape != k.shape:
+        raise ValueError(f"v: expected shape {tuple(k.shape)} like k, got {tuple(v.shape)}")
+    if slot_mapping.shape[0] != k.shape[0]:
+        raise ValueError(
+            f"slot_mapping: {slot_mapping.shape[0]} slots for {k.shape[0]} tokens in k"
+        )
+    if slot_mapping.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"slot_mapping: expected int32 (or int64), got {slot_mapping.dtype}")
+    if slot_mapping.dtype == torch.int64:
+        if not cuda and slot_mapping.numel() and int(slot_mapping.max()) >= 2**31:
+            raise ValueError(
+                f"slot_mapping: slot {int(slot_mapping.max())} is past the cache's "
+                f"{cache.num_pages * cache.page_size} slots"
+            )
+        slot_mapping = slot_mapping.to(torch.int32)
+    if k.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"k: device {k.device} is not supported (cpu or cuda)")
+    if cuda:
+        require_cuda_build("append_kv", attention=False)
+        run_cuda(
+            _C.paged_kv_append_cuda,
+            k,
+            v,
+            slot_mapping,
+            *cache._native_args(),
+            cache.rule,
+            None,
+            True,
+            cuda_stream(k.device),
+        )
+        return
+    _C.paged_kv_append_host(k, v, slot_mapping, *cache._native_args(), cache.rule)
+
+
+def decode(
+    q: torch.Tensor,
+    cache: PagedKVCache,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    cu_seqlens_q: torch.Tensor | None = None,
+    return_lse: bool = False,
+):
+    """Attention of new queries over the paged cache (decode, speculative decode, prefill/extend).
+
+    q [batch, s_q, heads, head_dim] (every sequence has s_q queries), or [total_q, heads,
+    head_dim] with cu_seqlens_q int32 [batch + 1] (FlashAttention's cu_seqlens, FlashInfer's
+    qo_indptr); CPU float16/bfloat16/float32/float64. block_tables int32 [batch, max_pages] (page
+    ids in order; entries past a sequence's last page are not read), seq_lens int32 [batch]
+    (cached tokens, the queries' own K/V included: append them first). heads % kv_heads == 0.
+    causal is bottom-right aligned: query i of s_q sees key j iff j <= i + seq_len - s_q.
+    Returns o like q, and with return_lse also lse float32 (natural log), [batch, heads, s_q]
+    or [heads, total_q] for varlen; a query without visible keys gets o = 0, lse = +inf.
+
+    CPU: the golden paged attention (float64 over the decoded cache). CUDA: UnsupportedError
+    until the GPU decode kernel is built.
+    """
+    check_cache(cache)
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        _checks.check_tensor(q, "q", 3, "(total_q, heads, head_dim)")
+    else:
+        if isinstance(q, torch.Tensor) and q.dim() == 3:
+            raise ValueError(
+                "q: rank 3 (total_q, heads, head_dim) needs cu_seqlens_q; pass q as "
+                "(batch, s_q, heads, head_dim) otherwise"
+            )
+        _checks.check_tensor(q, "q", 4, "(batch, s_q, heads, head_dim)")
+    _checks.check_device(q, "q", cache.k_data, "the cache")
+    scale = _checks.check_softmax_scale(softmax_scale)
+    _checks.check_bool(causal, "causal")
+    _checks.check_bool(return_lse, "return_lse")
+    batch = _check_tables(block_tables, seq_lens, cache)
+    if varlen:
+        _check_int32(cu_seqlens_q, "cu_seqlens_q", 1, "(batch + 1)")
+        _checks.check_device(cu_seqlens_q, "cu_seqlens_q", cache.k_data, "the cache")
+        if cu_seqlens_q.shape[0] != batch + 1:
+            raise ValueError(
+                f"cu_seqlens_q: expected batch + 1 = {batch + 1} offsets (block_tables has "
+                f"{batch} rows), got {cu_seqlens_q.shape[0]}"
+            )
+    elif q.shape[0] != batch:
+        raise ValueError(f"q: batch {q.shape[0]}, but block_tables has {batch} rows")
+    heads, d = q.shape[-2], q.shape[-1]
+    if d != cache.head_dim:
+        raise ValueError(f"q: head_dim {d} differs from the cache's {cache.head_dim}")
+    if heads % cache.kv_heads != 0:
+        raise ValueError(
+            f"q: number of heads {heads} is not a multiple of the cache's kv heads {cache.kv_heads}"
+        )
+    _checks.check_last_dim_contiguous(q, "q")
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"q: device {q.device} is not supported (cpu or cuda)")
+    if q.device.type == "cuda":
+        raise UnsupportedError(
+            "decode: the GPU decode kernel is not built yet (issue 9); pass CPU tensors (q, the "
+            "cache, block_tables, seq_lens) to run the golden paged attention"
+        )
+    if q.dtype not in _checks.CPU_DTYPES:
+        names = ", ".join(str(t).removeprefix("torch.") for t in _checks.CPU_DTYPES)
+        raise TypeError(f"q: dtype {q.dtype} is not supported on CPU (supported: {names})")
+    o = torch.empty(q.shape, dtype=q.dtype)
+    lse = None
+    if return_lse:
+        shape = (heads, q.shape[0]) if varlen else (batch, heads, q.shape[1])
+        lse = torch.empty(shape, dtype=torch.float32)
+    _C.golden_paged_attention_host(
+        q,
+        cu_seqlens_q,
+        *cache._native_args(),
+        block_tables,
+        seq_lens,
+        scale,
+        causal,
+        o,
+        lse,
+    )
+    return (o, lse) if return_lse else o
