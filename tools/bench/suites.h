@@ -10,12 +10,12 @@
 namespace fp4attn::bench {
 
 struct SuiteOptions {
-  std::string out_path;   // the suite's JSON
-  std::string revision;   // git revision of the code measured
-  std::string command;    // the exact command line, recorded in the JSON
+  std::string out_path;  // the suite's JSON
+  std::string revision;  // git revision of the code measured
+  std::string command;   // the exact command line, recorded in the JSON
   TimingConfig timing;
-  std::string filter;     // run only the cases whose name contains this
-  bool list = false;      // print the cases and exit
+  std::string filter;  // run only the cases whose name contains this
+  bool list = false;   // print the cases and exit
   int device = 0;
 };
 
@@ -33,5 +33,8 @@ int run_quantize_suite(const QuantizeOptions& opt);
 // `fp4attn_bench fwd ...` (fwd_main.cc): argv holds the options after the suite name; command is
 // the whole command line, recorded in the JSON.
 int fwd_main(int argc, char** argv, const std::string& command);
+
+// `fp4attn_bench decode ...` (decode_suite.cc), built with the CUDA library only.
+int decode_main(int argc, char** argv, const std::string& command);
 
 }  // namespace fp4attn::bench

@@ -1,0 +1,72 @@
+// The integer side of the paged decode kernel (decode_kernel.cuh), host and device: the E2M1 ->
+// BF16 bit trick and the lane <-> channel / key maps of its MMA fragments. Kept apart from the
+// kernel so that a CPU test (tests/formats/test_decode_bits.cc) checks them exhaustively and
+// emulates the kernel's fragments with the PTX layouts of mma.m16n8k16 on a machine without a
+// GPU. docs/kernels/decode.md, section 7.2, has the reasoning.
+#pragma once
+
+#include <cstdint>
+
+#include "fp4attn/config.h"
+
+namespace fp4attn::paged {
+
+// 8 E2M1 codes (packed, element 2j in the low nibble of byte j) -> 4 BF16x2 words of e2m1 *
+// 2^-126: word q holds nibble q (low half) and nibble q + 4 (high half). The magnitude bits go to
+// BF16 bits 8..6 (exponent field ee, top mantissa bit m: 2^(ee-127)(1 + m/2), and code 1 becomes
+// the subnormal 2^-127, all e2m1 * 2^-126), the sign to bit 15; one multiply places both, since
+// the two shifted copies of a masked nibble never overlap.
+FP4ATTN_HD void e2m1x8_to_bf16(uint32_t x, uint32_t (&w)[4]) {
+  constexpr uint32_t kKeep = 0x81C081C0u;
+  const uint32_t hi = x >> 8;
+  w[0] = ((x & 0x000F000Fu) * 0x1040u) & kKeep;   // << 6 and << 12
+  w[1] = ((x & 0x00F000F0u) * 0x0104u) & kKeep;   // << 2 and << 8
+  w[2] = ((hi & 0x000F000Fu) * 0x1040u) & kKeep;  // nibbles 2, 6
+  w[3] = ((hi & 0x00F000F0u) * 0x0104u) & kKeep;  // nibbles 3, 7
+}
+
+// CUDA's __byte_perm: byte n of the result is byte (s >> 4n) & 7 of {y:x}.
+FP4ATTN_HD uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(x, y, s);
+#else
+  const uint64_t xy = (uint64_t{y} << 32) | x;
+  uint32_t r = 0;
+  for (int n = 0; n < 4; ++n)
+    r |= static_cast<uint32_t>((xy >> (8 * ((s >> (4 * n)) & 7))) & 0xFF) << (8 * n);
+  return r;
+#endif
+}
+
+// NVFP4 V: bytes {A.b(2h), A.b(2h+1), B.b(2h), B.b(2h+1)} of two keys' words, so that
+// e2m1x8_to_bf16 pairs (key A, key B) at channels 4h + q of the word (q = 0..3).
+FP4ATTN_HD uint32_t nvfp4_key_pair(uint32_t a, uint32_t b, int half) {
+  return byte_perm(a, b, half ? 0x7632u : 0x5410u);
+}
+
+// Channel of k index kk (0..15) in k-step ks of the S = Q K^T MMA: NVFP4 lane t' = (kk & 7) / 2
+// reads d/4 channels from (d/4) t'; word i of them gives k-steps 2i, 2i + 1 as pairs (q, q + 4).
+template <int D>
+FP4ATTN_HD int phys_k_nvfp4(int ks, int kk) {
+  const int t = (kk & 7) >> 1, hpair = kk & 1, r = kk >> 3;
+  return (D / 4) * t + 8 * (ks >> 1) + 2 * (ks & 1) + r + 4 * hpair;
+}
+// FP8: lane t' reads d/4 bytes from (d/4) t'; word ks gives b0 = (0, 1), b1 = (2, 3).
+template <int D>
+FP4ATTN_HD int phys_k_fp8(int ks, int kk) {
+  const int t = (kk & 7) >> 1, hpair = kk & 1, r = kk >> 3;
+  return (D / 4) * t + 4 * ks + 2 * r + hpair;
+}
+
+// P V: n-tile j, column col (0..7) of the output <-> channel (d/8) col + j; lane group g reads
+// the d/8 channels from (d/8) g of its keys.
+template <int D>
+FP4ATTN_HD int phys_o(int j, int col) {
+  return (D / 8) * col + j;
+}
+
+// The 4 keys (of the 16-key tile) a lane (g, t) reads for the P V MMA, in B-register order:
+// b0 = {2t, 2t + 1}, b1 = {2t + 8, 2t + 9}.
+FP4ATTN_HD int v_key(int t, int j) { return 2 * t + (j & 1) + 8 * (j >> 1); }
+
+}  // namespace fp4attn::paged

@@ -1,0 +1,670 @@
+// The paged decode kernel (paged_attention_cuda.h; docs/kernels/decode.md section 7 has the
+// design and the instruction budget). One CTA of 4 warps per (split, kv head, row block,
+// sequence); a row block is up to 16 query rows (group heads x tokens) sharing one kv head, the M
+// of mma.m16n8k16 (BF16 in, FP32 accumulate). Each warp takes every 4th 16-key tile of the CTA's
+// key range, dequantizes K and V straight from global loads into MMA B fragments (no shared
+// memory), keeps its own online softmax, and the warps merge through shared memory at the end.
+//
+// Fragment maps (lane = 4 g + t): the S = Q K^T MMA's k index is a permutation of the channels
+// chosen so that lane t of key g reads one contiguous chunk of the key's packed row (phys_k_* in
+// decode_bits.h),
+// and Q is loaded with the same permutation; the P V MMA's n index is permuted so that lane group
+// g owns channels [g d/8, (g + 1) d/8) (n-tile j <-> channel g d/8 + j), its 4 keys' chunks.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "cuda/paged/decode_bits.h"
+
+namespace fp4attn::paged {
+
+constexpr int kDecodeThreads = 128;
+constexpr int kDecodeWarps = kDecodeThreads / 32;
+constexpr int kDecodeRows = 16;  // MMA M: query rows of a row block
+constexpr int kDecodeTile = 16;  // keys per warp tile
+// CTAs per SM the register allocation must allow (__launch_bounds__): d = 64: 4 (<= 128
+// registers); d = 128: NVFP4 3 (<= 168), FP8 2 (it needs 16 values per clock, not 29, and its
+// raw tiles are twice as large: 3 would spill).
+template <int D, bool kFp4>
+constexpr int kDecodeMinBlocks = D == 64 ? 4 : (kFp4 ? 3 : 2);
+
+// One side (K or V) of the cache, byte strides (page, token, head).
+struct DecodeSide {
+  const uint8_t* data;
+  int64_t data_s[3];
+  const uint8_t* scales;  // NVFP4 only
+  int64_t scales_s[3];
+  const float* global;  // s_enc (NVFP4) or the decode scale (FP8), device memory
+};
+
+struct DecodeParams {
+  const uint16_t* q;         // BF16 bits
+  int64_t q_sb, q_si, q_sh;  // elements: rank 4 (batch, token, head); varlen (row, -, head)
+  int32_t s_q;               // tokens per sequence (rank-4 q); 0: varlen through cu_seqlens_q
+  const int32_t* cu_seqlens_q;
+  int64_t total_q;
+  DecodeSide k, v;
+  const int32_t* block_tables;
+  int64_t bt_s0, bt_s1;
+  const int32_t* seq_lens;
+  int32_t page_size, page_shift;  // page_shift: log2(page_size), or -1
+  bool pages16;                   // page_size % 16 == 0: a 16-key tile is inside one page
+  int32_t num_pages, max_pages;
+  int32_t h, group;
+  float scale_log2;  // softmax_scale * log2(e)
+  bool causal;
+  int32_t split_size, num_splits, row_blocks;
+  // Final outputs (write_partials false): o BF16, lse F32 natural log (optional).
+  uint16_t* o;
+  int64_t o_sb, o_si, o_sh;
+  float* lse;
+  int64_t l_sb, l_si, l_sh;
+  // Partials (write_partials true): contiguous F32 [splits, total_q, h, d] and [splits, total_q,
+  // h].
+  float* o_part;
+  float* lse_part;
+  bool write_partials;
+};
+
+// ---- small device helpers
+// ------------------------------------------------------------------------
+
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
+// Two E4M3 codes (low byte first) -> FP32, exact (NaN kept).
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two_codes) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes), __NV_E4M3);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+// Two E4M3 block scales (low byte first) -> BF16x2 of scale * 2^118, exact: an E4M3 value has 4
+// significant bits and 448 * 2^118 < 2^127. Times an E2M1 code read as e2m1 * 2^-126 (below), the
+// product is e2m1 * scale * 2^-8 in [2^-18, 10.5], exact in BF16.
+constexpr float kScaleBias = 3.3230699894622794e35f;  // 2^118
+__device__ __forceinline__ uint32_t scale_pair_bf16(uint32_t two_codes) {
+  const float2 f = e4m3x2_to_float2(two_codes);
+  return pack_bf16x2(f.x * kScaleBias, f.y * kScaleBias);
+}
+
+// ---- raw tile loads --------------------------------------------------------------------------
+
+// What a lane loads for one 16-key tile, before dequantization.
+template <int D, bool kFp4>
+struct RawTile {
+  // K: keys g and g + 8 of the tile, the lane's chunk (NVFP4 d/8 bytes, FP8 d/4 bytes).
+  static constexpr int kKWords = kFp4 ? D / 32 : D / 16;
+  // V: keys 2t, 2t + 1, 2t + 8, 2t + 9, the lane group's chunk (NVFP4 d/16 bytes, FP8 d/8).
+  static constexpr int kVWords = kFp4 ? D / 64 : D / 32;
+  uint32_t k[2][kKWords];
+  uint32_t v[4][kVWords];
+  uint32_t ks;  // NVFP4 K scales: bytes (key g: blocks 0[, 1]; key g + 8: ...)
+  uint32_t vs;  // NVFP4 V scales: one byte per key, keys in the order above
+};
+
+template <int N>
+__device__ __forceinline__ void load_words(uint32_t (&w)[N], const uint8_t* src) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      const uint4 x = __ldg(reinterpret_cast<const uint4*>(src) + i / 4);
+      w[i] = x.x;
+      w[i + 1] = x.y;
+      w[i + 2] = x.z;
+      w[i + 3] = x.w;
+    }
+  } else if constexpr (N == 2) {
+    const uint2 x = __ldg(reinterpret_cast<const uint2*>(src));
+    w[0] = x.x;
+    w[1] = x.y;
+  } else {
+    static_assert(N == 1);
+    w[0] = __ldg(reinterpret_cast<const uint32_t*>(src));
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void zero_words(uint32_t (&w)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) w[i] = 0;
+}
+
+// Where key `key` of sequence b lives: (page, token in page); ok false for a page id outside
+// [0, num_pages) (never read).
+struct KeyLoc {
+  int64_t page;
+  int32_t tok;
+  bool ok;
+};
+
+__device__ __forceinline__ KeyLoc locate_key(const DecodeParams& p, int b, int key) {
+  const int pi = p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
+  const int32_t page = __ldg(p.block_tables + b * p.bt_s0 + pi * p.bt_s1);
+  return {page, key - pi * p.page_size, page >= 0 && page < p.num_pages};
+}
+
+// A lane's byte offsets inside a page that do not depend on the token: the kv head and the lane's
+// chunk (K data / K scales / V data / V scales), 32-bit (decode.cu checks that every in-page
+// offset fits). Recomputed per tile (4 IMADs) rather than held in registers across the loop.
+struct LaneOffsets {
+  int32_t kd, ks, vd, vs;
+};
+
+template <int D, bool kFp4>
+__device__ __forceinline__ LaneOffsets lane_offsets(const DecodeParams& p, int hk, int g, int t) {
+  LaneOffsets o;
+  o.kd = static_cast<int32_t>(hk * p.k.data_s[2]) + t * (kFp4 ? D / 8 : D / 4);
+  o.vd = static_cast<int32_t>(hk * p.v.data_s[2]) + g * (kFp4 ? D / 16 : D / 8);
+  o.ks = static_cast<int32_t>(hk * p.k.scales_s[2]) + (D == 128 ? 2 * t : t);
+  o.vs = static_cast<int32_t>(hk * p.v.scales_s[2]) + (D == 128 ? g : g / 2);
+  return o;
+}
+
+// The four page bases of one page id.
+struct PageBases {
+  const uint8_t *kd, *ks, *vd, *vs;
+};
+
+__device__ __forceinline__ PageBases page_bases(const DecodeParams& p, int64_t page) {
+  return {p.k.data + page * p.k.data_s[0], p.k.scales + page * p.k.scales_s[0],
+          p.v.data + page * p.v.data_s[0], p.v.scales + page * p.v.scales_s[0]};
+}
+
+// Key kk of the tile into K slot j (its data chunk and, NVFP4, its scale bytes).
+template <int D, bool kFp4>
+__device__ __forceinline__ void load_k_key(const DecodeParams& p, const PageBases& pb, int tok,
+                                           const LaneOffsets& lo, int j, RawTile<D, kFp4>& r) {
+  load_words(r.k[j], pb.kd + (tok * static_cast<int32_t>(p.k.data_s[1]) + lo.kd));
+  if constexpr (kFp4) {
+    const uint8_t* sc = pb.ks + (tok * static_cast<int32_t>(p.k.scales_s[1]) + lo.ks);
+    if constexpr (D == 128) {
+      r.ks |= (uint32_t(__ldg(sc)) | uint32_t(__ldg(sc + 1)) << 8) << (16 * j);
+    } else {
+      r.ks |= uint32_t(__ldg(sc)) << (8 * j);
+    }
+  }
+}
+
+template <int D, bool kFp4>
+__device__ __forceinline__ void load_v_key(const DecodeParams& p, const PageBases& pb, int tok,
+                                           const LaneOffsets& lo, int j, RawTile<D, kFp4>& r) {
+  load_words(r.v[j], pb.vd + (tok * static_cast<int32_t>(p.v.data_s[1]) + lo.vd));
+  if constexpr (kFp4) {
+    r.vs |= uint32_t(__ldg(pb.vs + (tok * static_cast<int32_t>(p.v.scales_s[1]) + lo.vs)))
+            << (8 * j);
+  }
+}
+
+// Loads tile kt (keys [kt, kt + 16), those >= kend read as zeros). Sets *bad on a page id out of
+// range. When a tile lies in one page (page_size % 16 == 0, tiles start at multiples of 16), one
+// block-table read and one 64-bit page base per array serve the tile, and each key adds a 32-bit
+// in-page offset; otherwise every key looks its page up.
+template <int D, bool kFp4>
+__device__ __forceinline__ void load_tile(const DecodeParams& p, int b, int hk, int kt, int kend,
+                                          int g, int t, RawTile<D, kFp4>& r, bool* bad) {
+  // hk, g, t made opaque here so that the compiler recomputes the four offsets per tile (4 IMADs)
+  // instead of holding them across the loop: at d = 128 those 4 registers made it spill.
+  int hk_o = hk, g_o = g, t_o = t;
+  asm volatile("" : "+r"(hk_o), "+r"(g_o), "+r"(t_o));
+  const LaneOffsets lo = lane_offsets<D, kFp4>(p, hk_o, g_o, t_o);
+  r.ks = 0;
+  r.vs = 0;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) zero_words(r.k[j]);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) zero_words(r.v[j]);
+  if (p.pages16) {
+    const KeyLoc l = locate_key(p, b, kt);
+    if (!l.ok) {  // kt < kend: the tile's first key is real
+      *bad = true;
+      return;
+    }
+    const PageBases pb = page_bases(p, l.page);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int kk = g + 8 * j;
+      if (kt + kk < kend) load_k_key<D, kFp4>(p, pb, l.tok + kk, lo, j, r);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int kk = v_key(t, j);
+      if (kt + kk < kend) load_v_key<D, kFp4>(p, pb, l.tok + kk, lo, j, r);
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int kk = g + 8 * j;
+    if (kt + kk < kend) {
+      const KeyLoc l = locate_key(p, b, kt + kk);
+      if (l.ok) {
+        load_k_key<D, kFp4>(p, page_bases(p, l.page), l.tok, lo, j, r);
+      } else {
+        *bad = true;
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int kk = v_key(t, j);
+    if (kt + kk < kend) {
+      const KeyLoc l = locate_key(p, b, kt + kk);
+      if (l.ok) {
+        load_v_key<D, kFp4>(p, page_bases(p, l.page), l.tok, lo, j, r);
+      } else {
+        *bad = true;
+      }
+    }
+  }
+}
+
+// ---- one tile: S = Q K^T, online softmax, O += P V -------------------------------------------
+
+template <int D>
+struct WarpState {
+  float o[D / 8][4];
+  float m[2], l[2];  // rows g, g + 8: running max (log2 units) and this lane's partial sum
+};
+
+template <int D, bool kFp4>
+__device__ __forceinline__ void compute_tile(const RawTile<D, kFp4>& r,
+                                             const uint32_t (&qa)[D / 16][4], int kt,
+                                             const int (&vis)[2], float sl2, int t,
+                                             WarpState<D>& st) {
+  constexpr int kSteps = D / 16;
+  float s[2][4];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[j][e] = 0.f;
+  }
+  // S = Q K^T: per key half j (n-tile), k-steps from the lane's words.
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    if constexpr (kFp4) {
+#pragma unroll
+      for (int i = 0; i < D / 32; ++i) {
+        // Word i: channels (d/4) t + 8 i .. + 8, scale block ((d/4) t + 8 i) / 16.
+        const int blk = D == 128 ? (i >> 1) : 0;
+        const uint32_t code = (r.ks >> (D == 128 ? 16 * j + 8 * blk : 8 * j)) & 0xFFu;
+        const uint32_t sc = scale_pair_bf16(code | code << 8);
+        uint32_t w[4];
+        e2m1x8_to_bf16(r.k[j][i], w);
+        mma_bf16_16816(s[j], qa[2 * i], bf16x2_mul(w[0], sc), bf16x2_mul(w[1], sc));
+        mma_bf16_16816(s[j], qa[2 * i + 1], bf16x2_mul(w[2], sc), bf16x2_mul(w[3], sc));
+      }
+    } else {
+#pragma unroll
+      for (int ks = 0; ks < kSteps; ++ks) {
+        const uint32_t x = r.k[j][ks];
+        const float2 a = e4m3x2_to_float2(x & 0xFFFFu), b = e4m3x2_to_float2(x >> 16);
+        mma_bf16_16816(s[j], qa[ks], pack_bf16x2(a.x, a.y), pack_bf16x2(b.x, b.y));
+      }
+    }
+  }
+  // Scale, mask, online softmax (base 2). Element e of n-tile j: row g + 8 (e >> 1), key
+  // kt + 8 j + 2 t + (e & 1).
+  float corr[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int key = kt + 8 * j + 2 * t + c;
+        float& x = s[j][2 * rr + c];
+        x = key < vis[rr] ? x * sl2 : -INFINITY;
+        mx = fmaxf(mx, x);
+      }
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
+    const float m_new = fmaxf(st.m[rr], mx);
+    const float ref = m_new == -INFINITY ? 0.f : m_new;
+    corr[rr] = fast_exp2(st.m[rr] - ref);
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float& x = s[j][2 * rr + c];
+        x = fast_exp2(x - ref);
+        sum += x;
+      }
+    }
+    st.l[rr] = st.l[rr] * corr[rr] + sum;
+    st.m[rr] = m_new;
+  }
+  if (__any_sync(0xFFFFFFFFu, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      st.o[n][0] *= corr[0];
+      st.o[n][1] *= corr[0];
+      st.o[n][2] *= corr[1];
+      st.o[n][3] *= corr[1];
+    }
+  }
+  const uint32_t pa[4] = {pack_bf16x2(s[0][0], s[0][1]), pack_bf16x2(s[0][2], s[0][3]),
+                          pack_bf16x2(s[1][0], s[1][1]), pack_bf16x2(s[1][2], s[1][3])};
+  // O += P V: keys (2t, 2t+1) -> b0, (2t+8, 2t+9) -> b1; n-tile j = the lane group's channel j.
+  if constexpr (kFp4) {
+    const uint32_t sc0 = scale_pair_bf16(r.vs & 0xFFFFu), sc1 = scale_pair_bf16(r.vs >> 16);
+#pragma unroll
+    for (int i = 0; i < D / 64; ++i) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        // Bytes {A.b(2h), A.b(2h+1), B.b(2h), B.b(2h+1)}: nibble q = A channel q, q + 4 = B.
+        uint32_t w0[4], w1[4];
+        e2m1x8_to_bf16(nvfp4_key_pair(r.v[0][i], r.v[1][i], half), w0);
+        e2m1x8_to_bf16(nvfp4_key_pair(r.v[2][i], r.v[3][i], half), w1);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          mma_bf16_16816(st.o[8 * i + 4 * half + q], pa, bf16x2_mul(w0[q], sc0),
+                         bf16x2_mul(w1[q], sc1));
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t sh = 16 * half;
+        const float2 a = e4m3x2_to_float2(r.v[0][i] >> sh), b = e4m3x2_to_float2(r.v[1][i] >> sh);
+        const float2 c = e4m3x2_to_float2(r.v[2][i] >> sh), d = e4m3x2_to_float2(r.v[3][i] >> sh);
+        mma_bf16_16816(st.o[4 * i + 2 * half], pa, pack_bf16x2(a.x, b.x), pack_bf16x2(c.x, d.x));
+        mma_bf16_16816(st.o[4 * i + 2 * half + 1], pa, pack_bf16x2(a.y, b.y),
+                       pack_bf16x2(c.y, d.y));
+      }
+    }
+  }
+}
+
+// ---- the kernel ---------------------------------------------------------------------------------
+
+// Shared memory of the warp merge: per warp 16 rows of O, row stride d + 8 floats, element
+// (row, n-tile, column) at row * (d + 8) + 8 n + column (channel (d/8) column + n): the stores of
+// the accumulators and the loads of the merge are (nearly) free of bank conflicts.
+template <int D>
+constexpr int kORowStride = D + 8;
+template <int D>
+constexpr size_t decode_smem_bytes() {
+  return sizeof(float) *
+         (kDecodeWarps * kDecodeRows * kORowStride<D> + 2 * kDecodeWarps * kDecodeRows);
+}
+
+template <int D, bool kFp4>
+__global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4>)
+    paged_decode_kernel(const DecodeParams p) {
+  extern __shared__ float4 smem_f4[];
+  constexpr int RS = kORowStride<D>;
+  float* s_o = reinterpret_cast<float*>(smem_f4);        // [warps][16][RS]
+  float* s_m = s_o + kDecodeWarps * kDecodeRows * RS;    // [warps][16]
+  float* s_l = s_m + kDecodeWarps * kDecodeRows;         // [warps][16]
+  uint16_t* s_q = reinterpret_cast<uint16_t*>(smem_f4);  // [16][D] BF16, before the main loop
+
+  const int split = blockIdx.x;
+  const int hk = blockIdx.y / p.row_blocks, rb_first = blockIdx.y % p.row_blocks;
+  const int b = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+
+  int64_t q_begin;
+  int sq;
+  if (p.s_q > 0) {
+    q_begin = static_cast<int64_t>(b) * p.s_q;
+    sq = p.s_q;
+  } else {
+    // Unchecked device values: clamped so that no row outside [0, total_q) is touched.
+    const int64_t a = min(max(static_cast<int64_t>(p.cu_seqlens_q[b]), int64_t{0}), p.total_q);
+    const int64_t e = min(max(static_cast<int64_t>(p.cu_seqlens_q[b + 1]), a), p.total_q);
+    q_begin = a;
+    sq = static_cast<int>(e - a);
+  }
+  const int len_raw = p.seq_lens[b];
+  const bool bad_len = len_raw < 0 || static_cast<int64_t>(len_raw) >
+                                          static_cast<int64_t>(p.max_pages) * p.page_size;
+  const int len = bad_len ? 0 : len_raw;
+  const int group = p.group;
+  const int rows_total = sq * group;
+  const int num_rb = (rows_total + kDecodeRows - 1) / kDecodeRows;
+  const int kbeg = split * p.split_size;
+  const int kend_split = min(len, kbeg + p.split_size);
+  const float k_factor = kFp4 ? 256.f / __ldg(p.k.global) : __ldg(p.k.global);
+  const float v_factor = kFp4 ? 256.f / __ldg(p.v.global) : __ldg(p.v.global);
+  const float sl2 = p.scale_log2 * k_factor;
+
+  for (int rb = rb_first; rb < num_rb; rb += p.row_blocks) {
+    const int m0 = rb * kDecodeRows;
+    const int rows = min(kDecodeRows, rows_total - m0);
+    // Keys [kbeg, vis) are visible to row m (token m / group): causal bottom-right.
+    auto visible_end = [&](int m) {
+      if (!p.causal) return kend_split;
+      return max(kbeg, min(kend_split, m / group + len - sq + 1));
+    };
+    const int kend = visible_end(m0 + rows - 1);
+
+    // Q rows into shared memory (BF16, true channel order; padding rows zero).
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < kDecodeRows * D; idx += kDecodeThreads) {
+      const int r = idx / D, c = idx % D;
+      uint16_t x = 0;
+      if (r < rows) {
+        const int m = m0 + r, i = m / group, hq = hk * group + m % group;
+        const int64_t off =
+            (p.s_q > 0 ? b * p.q_sb + i * p.q_si : (q_begin + i) * p.q_sb) + hq * p.q_sh + c;
+        x = p.q[off];
+      }
+      s_q[idx] = x;
+    }
+    __syncthreads();
+    uint32_t qa[D / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+      for (int reg = 0; reg < 4; ++reg) {
+        const int row = g + 8 * (reg & 1), kk = 2 * t + 8 * (reg >> 1);
+        const int c0 = kFp4 ? phys_k_nvfp4<D>(ks, kk) : phys_k_fp8<D>(ks, kk);
+        const int c1 = kFp4 ? phys_k_nvfp4<D>(ks, kk + 1) : phys_k_fp8<D>(ks, kk + 1);
+        qa[ks][reg] = uint32_t(s_q[row * D + c0]) | uint32_t(s_q[row * D + c1]) << 16;
+      }
+    }
+    __syncthreads();  // s_q is overwritten by the epilogue
+
+    int vis[2];
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      const int r = g + 8 * rr;
+      vis[rr] = r < rows ? visible_end(m0 + r) : kbeg;
+    }
+    WarpState<D> st;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st.o[n][e] = 0.f;
+    }
+    st.m[0] = st.m[1] = -INFINITY;
+    st.l[0] = st.l[1] = 0.f;
+    bool bad = bad_len;
+
+    // Register double buffering: the next tile's loads are issued before this tile's math.
+    constexpr int kStride = kDecodeTile * kDecodeWarps;
+    int kt = kbeg + kDecodeTile * warp;
+    RawTile<D, kFp4> ra, rbuf;
+    if (kt < kend) load_tile<D, kFp4>(p, b, hk, kt, kend, g, t, ra, &bad);
+    while (kt < kend) {
+      if (kt + kStride < kend) load_tile<D, kFp4>(p, b, hk, kt + kStride, kend, g, t, rbuf, &bad);
+      compute_tile<D, kFp4>(ra, qa, kt, vis, sl2, t, st);
+      kt += kStride;
+      if (kt >= kend) break;
+      if (kt + kStride < kend) load_tile<D, kFp4>(p, b, hk, kt + kStride, kend, g, t, ra, &bad);
+      compute_tile<D, kFp4>(rbuf, qa, kt, vis, sl2, t, st);
+      kt += kStride;
+    }
+
+    // Warp results to shared memory: O in true channel order, m and the quad's l per row.
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      st.l[rr] += __shfl_xor_sync(0xFFFFFFFFu, st.l[rr], 1);
+      st.l[rr] += __shfl_xor_sync(0xFFFFFFFFu, st.l[rr], 2);
+    }
+    float* wo = s_o + warp * kDecodeRows * RS;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+        wo[row * RS + 8 * n + col] = st.o[n][e];
+      }
+    }
+    if (t == 0) {
+      s_m[warp * kDecodeRows + g] = st.m[0];
+      s_m[warp * kDecodeRows + g + 8] = st.m[1];
+      s_l[warp * kDecodeRows + g] = st.l[0];
+      s_l[warp * kDecodeRows + g + 8] = st.l[1];
+    }
+    const bool any_bad = __syncthreads_or(bad);
+
+    // Merge the warps and write: 8 threads per row, d/8 consecutive channels each.
+    const int row = threadIdx.x / 8, part = threadIdx.x % 8;
+    if (row < rows) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, s_m[w * kDecodeRows + row]);
+      const float ref = mx == -INFINITY ? 0.f : mx;
+      float f[kDecodeWarps], l = 0.f;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) {
+        f[w] = fast_exp2(s_m[w * kDecodeRows + row] - ref);
+        l += f[w] * s_l[w * kDecodeRows + row];
+      }
+      const float nan = __int_as_float(0x7FC00000);
+      const float inv = l > 0.f ? v_factor / l : 0.f;
+      float row_lse;  // natural log
+      if (any_bad || l != l) {
+        row_lse = nan;
+      } else if (l > 0.f) {
+        row_lse = (ref + __log2f(l)) * 0.6931471805599453f;
+      } else {
+        row_lse = p.write_partials ? -INFINITY : INFINITY;
+      }
+      const int m = m0 + row, i = m / group, hq = hk * group + m % group;
+      const int64_t grow = q_begin + i;
+      if (p.write_partials) {
+        float* dst = p.o_part + ((static_cast<int64_t>(split) * p.total_q + grow) * p.h + hq) * D;
+        for (int n = 0; n < D / 8; ++n) {
+          const int c = phys_o<D>(n, part);
+          float acc = 0.f;
+#pragma unroll
+          for (int w = 0; w < kDecodeWarps; ++w) {
+            acc += f[w] * s_o[(w * kDecodeRows + row) * RS + 8 * n + part];
+          }
+          dst[c] = any_bad ? nan : (l > 0.f ? acc * inv : (l == 0.f ? 0.f : nan));
+        }
+        if (part == 0) {
+          p.lse_part[(static_cast<int64_t>(split) * p.total_q + grow) * p.h + hq] = row_lse;
+        }
+      } else {
+        const int64_t base = (p.s_q > 0 ? b * p.o_sb + i * p.o_si : grow * p.o_sb) + hq * p.o_sh;
+        for (int n = 0; n < D / 8; ++n) {
+          const int c = phys_o<D>(n, part);
+          float acc = 0.f;
+#pragma unroll
+          for (int w = 0; w < kDecodeWarps; ++w) {
+            acc += f[w] * s_o[(w * kDecodeRows + row) * RS + 8 * n + part];
+          }
+          const float val = any_bad ? nan : (l > 0.f ? acc * inv : (l == 0.f ? 0.f : nan));
+          const __nv_bfloat16 h = __float2bfloat16_rn(val);
+          p.o[base + c] = *reinterpret_cast<const uint16_t*>(&h);
+        }
+        if (part == 0 && p.lse != nullptr) {
+          p.lse[(p.s_q > 0 ? b * p.l_sb + i * p.l_si : grow * p.l_sb) + hq * p.l_sh] = row_lse;
+        }
+      }
+    }
+  }
+}
+
+// ---- split combine ------------------------------------------------------------------------------
+
+struct CombineParams {
+  const float* o_part;
+  int64_t op_s[3];  // elements: split, row, head (last dim contiguous)
+  const float* lse_part;
+  int64_t lp_s[3];
+  int32_t splits, h, d;
+  int64_t total_q;
+  int32_t s_q;  // > 0: output row r is (r / s_q, r % s_q) of a rank-4 o/lse; 0: rank 3 / 2
+  uint16_t* o;  // BF16
+  int64_t o_sb, o_si, o_sh;
+  float* lse;  // optional
+  int64_t l_sb, l_si, l_sh;
+};
+
+// One warp per (row, head): the float64 combine's math in FP32.
+__global__ void __launch_bounds__(128) combine_partials_kernel(const CombineParams p) {
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
+  if (item >= p.total_q * p.h) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t r = item / p.h;
+  const int hq = static_cast<int>(item % p.h);
+  float m = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) {
+    const float x = p.lse_part[s * p.lp_s[0] + r * p.lp_s[1] + hq * p.lp_s[2]];
+    if (!(x <= m)) m = x;  // takes a NaN
+  }
+  const int64_t bi = p.s_q > 0 ? r / p.s_q : r, i = p.s_q > 0 ? r % p.s_q : 0;
+  uint16_t* out = p.o + bi * p.o_sb + i * p.o_si + hq * p.o_sh;
+  if (m == -INFINITY) {
+    for (int c = lane; c < p.d; c += 32) out[c] = 0;
+    if (lane == 0 && p.lse != nullptr) p.lse[bi * p.l_sb + i * p.l_si + hq * p.l_sh] = INFINITY;
+    return;
+  }
+  float sum = 0.f;
+  for (int s = 0; s < p.splits; ++s) {
+    sum += expf(p.lse_part[s * p.lp_s[0] + r * p.lp_s[1] + hq * p.lp_s[2]] - m);
+  }
+  for (int c = lane; c < p.d; c += 32) {
+    float acc = 0.f;
+    for (int s = 0; s < p.splits; ++s) {
+      const float w = expf(p.lse_part[s * p.lp_s[0] + r * p.lp_s[1] + hq * p.lp_s[2]] - m);
+      acc += w * p.o_part[s * p.op_s[0] + r * p.op_s[1] + hq * p.op_s[2] + c];
+    }
+    const __nv_bfloat16 h = __float2bfloat16_rn(acc / sum);
+    out[c] = *reinterpret_cast<const uint16_t*>(&h);
+  }
+  if (lane == 0 && p.lse != nullptr) {
+    p.lse[bi * p.l_sb + i * p.l_si + hq * p.l_sh] = m + logf(sum);
+  }
+}
+
+}  // namespace fp4attn::paged
