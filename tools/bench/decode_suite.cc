@@ -590,10 +590,12 @@ bool parse_points(const std::string& s, std::vector<std::pair<int64_t, int64_t>>
     const std::string item = s.substr(start, comma == std::string::npos ? comma : comma - start);
     const size_t colon = item.find(':');
     if (colon == std::string::npos) return false;
+    // Named strings: strtoll's end pointers must not point into destroyed temporaries.
+    const std::string b_text = item.substr(0, colon), l_text = item.substr(colon + 1);
     char* e1 = nullptr;
     char* e2 = nullptr;
-    const long long b = std::strtoll(item.substr(0, colon).c_str(), &e1, 10);
-    const long long l = std::strtoll(item.substr(colon + 1).c_str(), &e2, 10);
+    const long long b = std::strtoll(b_text.c_str(), &e1, 10);
+    const long long l = std::strtoll(l_text.c_str(), &e2, 10);
     if (*e1 != '\0' || *e2 != '\0' || b < 1 || l < 1) return false;
     out->push_back({b, l});
     if (comma == std::string::npos) break;
