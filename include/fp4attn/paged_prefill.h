@@ -66,6 +66,7 @@ uint8_t paged_prefill_fold_nvfp4(uint8_t code, uint8_t scale);
 //   FP8:   K and V bytes copied as they are, K tile factors and V channel factors = the cache's
 //          decode scale.
 // V keys permuted within 16-key groups (operand_v_position_of), padding keys (L..pitch(L)) 0.
+// A sequence with L = 0 has no K/V bytes, and its v_scale is left as it was.
 // Runs the golden's checks of the cache and the page ids first.
 Status paged_prefill_repack_host(const PagedKvCache& cache, const TensorView& block_tables,
                                  const PagedPrefillLayout& layout, void* workspace);

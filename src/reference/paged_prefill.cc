@@ -171,6 +171,7 @@ Status paged_prefill_repack_host(const PagedKvCache& cache, const TensorView& bl
   };
   for (int64_t i = 0; i < x.b; ++i) {
     const int64_t len = x.len(i), pitch = operand_v_pitch(len), tiles = operand_scale_tiles(len);
+    if (len == 0) continue;  // no operand bytes; its v_scale is not written (as on the GPU)
     uint8_t* kd = ws + x.k_data + x.cu_k[i] * hk * d;
     float* ks = reinterpret_cast<float*>(ws + x.k_scale) + x.cu_k_tiles[i] * hk;
     uint8_t* vd = ws + x.v_data + x.cu_v[i] * hk * d;
