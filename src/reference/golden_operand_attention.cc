@@ -140,7 +140,7 @@ void run_head(const ForwardOperands& in, const RecipeOptions& opt, const Dims& x
 }  // namespace
 
 Status golden_attention_forward_operands(const ForwardOperands& in, const RecipeOptions& opt,
-                                       const TensorView& o, const TensorView& lse) {
+                                         const TensorView& o, const TensorView& lse) {
   if (static_cast<int>(opt.recipe) < 0 ||
       static_cast<int>(opt.recipe) > static_cast<int>(Recipe::kFp4Direct)) {
     return Status::Invalid("recipe: unknown recipe value " +

@@ -61,9 +61,8 @@ Status paged_prefill_layout(const TensorView& cu_seqlens_q, const TensorView& se
     const int64_t nq = at(cu_seqlens_q, i + 1) - at(cu_seqlens_q, i), len = at(seq_lens, i);
     std::ostringstream s;
     if (nq < 0) {
-      s << "cu_seqlens_q[" << i + 1 << "]: " << at(cu_seqlens_q, i + 1)
-        << " is below cu_seqlens_q[" << i << "] = " << at(cu_seqlens_q, i)
-        << " (expected non-decreasing)";
+      s << "cu_seqlens_q[" << i + 1 << "]: " << at(cu_seqlens_q, i + 1) << " is below cu_seqlens_q["
+        << i << "] = " << at(cu_seqlens_q, i) << " (expected non-decreasing)";
       return Status::Invalid(s.str());
     }
     if (len < 0) {
@@ -92,8 +91,8 @@ Status paged_prefill_layout(const TensorView& cu_seqlens_q, const TensorView& se
   return Status::Ok();
 }
 
-ForwardOperands paged_prefill_operands(const PagedPrefillLayout& x, void* workspace,
-                                       int64_t first, int64_t n) {
+ForwardOperands paged_prefill_operands(const PagedPrefillLayout& x, void* workspace, int64_t first,
+                                       int64_t n) {
   uint8_t* base = static_cast<uint8_t*>(workspace);
   const int64_t nq = x.n_q(first), len = x.len(first), d = x.head_dim;
   ForwardOperands in;
@@ -106,8 +105,8 @@ ForwardOperands paged_prefill_operands(const PagedPrefillLayout& x, void* worksp
                          {n, x.kv_heads, operand_scale_tiles(len)});
   in.v_data = make_view(base + x.v_data + x.cu_v[first] * x.kv_heads * d, DType::kE4M3,
                         {n, x.kv_heads, d, operand_v_pitch(len)});
-  in.v_scale = make_view(base + x.v_scale + 4 * first * x.kv_heads * d, DType::kF32,
-                         {n, x.kv_heads, d});
+  in.v_scale =
+      make_view(base + x.v_scale + 4 * first * x.kv_heads * d, DType::kF32, {n, x.kv_heads, d});
   return in;
 }
 
@@ -117,9 +116,7 @@ uint8_t paged_prefill_fold_nvfp4(uint8_t code, uint8_t scale) {
   return float_to_e4m3(prod / kFoldDivisor);                      // exact division by 8
 }
 
-bool paged_prefill_q_recipe_supported(Recipe r) {
-  return r == Recipe::kFp8 || r == Recipe::kNvfp4;
-}
+bool paged_prefill_q_recipe_supported(Recipe r) { return r == Recipe::kFp8 || r == Recipe::kNvfp4; }
 
 Status paged_prefill_repack_host(const PagedKvCache& cache, const TensorView& block_tables,
                                  const PagedPrefillLayout& x, void* workspace) {
@@ -129,8 +126,9 @@ Status paged_prefill_repack_host(const PagedKvCache& cache, const TensorView& bl
   FP4ATTN_RETURN_IF_ERROR(check_dtype(block_tables, "block_tables", {DType::kI32}));
   FP4ATTN_RETURN_IF_ERROR(check_strides(block_tables, "block_tables"));
   if (block_tables.shape[0] != x.b || kv.kv_heads != x.kv_heads || kv.head_dim != x.head_dim) {
-    return Status::Invalid("block_tables/k_cache: batch, kv heads or head_dim differ from the "
-                           "layout's");
+    return Status::Invalid(
+        "block_tables/k_cache: batch, kv heads or head_dim differ from the "
+        "layout's");
   }
   const float k_global = paged_internal::read_global(cache.k_global);
   const float v_global = paged_internal::read_global(cache.v_global);
@@ -140,9 +138,9 @@ Status paged_prefill_repack_host(const PagedKvCache& cache, const TensorView& bl
   const int32_t* bt = block_tables.as<const int32_t>();
   for (int64_t i = 0; i < x.b; ++i) {
     if (x.len(i) > max_pages * kv.page_size) {
-      return Status::Invalid("seq_lens[" + std::to_string(i) + "]: " + std::to_string(x.len(i)) +
-                             " exceeds max_pages * page_size = " +
-                             std::to_string(max_pages * kv.page_size));
+      return Status::Invalid(
+          "seq_lens[" + std::to_string(i) + "]: " + std::to_string(x.len(i)) +
+          " exceeds max_pages * page_size = " + std::to_string(max_pages * kv.page_size));
     }
     for (int64_t p = 0; p < (x.len(i) + kv.page_size - 1) / kv.page_size; ++p) {
       const int64_t id = bt[i * block_tables.stride[0] + p * block_tables.stride[1]];
@@ -183,8 +181,8 @@ Status paged_prefill_repack_host(const PagedKvCache& cache, const TensorView& bl
         std::memset(vd + (head * d + c) * pitch, 0, static_cast<size_t>(pitch));
       }
       for (int64_t j = 0; j < len; ++j) {
-        const int64_t page = bt[i * block_tables.stride[0] + (j / kv.page_size) *
-                                                                 block_tables.stride[1]];
+        const int64_t page =
+            bt[i * block_tables.stride[0] + (j / kv.page_size) * block_tables.stride[1]];
         const int64_t off = j % kv.page_size;
         for (int64_t c = 0; c < d; ++c) {
           kd[(head * len + j) * d + c] = element(false, page, off, head, c);
@@ -206,8 +204,9 @@ Status golden_paged_prefill(const TensorView& q, const TensorView& cu_seqlens_q,
   FP4ATTN_RETURN_IF_ERROR(
       validate_paged_attention(q, cu_seqlens_q, block_tables, seq_lens, o, lse, kv, &qs));
   if (!qs.varlen) {
-    return Status::Unsupported("q: paged prefill takes a varlen q [total_q, heads, head_dim] "
-                               "with cu_seqlens_q");
+    return Status::Unsupported(
+        "q: paged prefill takes a varlen q [total_q, heads, head_dim] "
+        "with cu_seqlens_q");
   }
   if (!paged_prefill_q_recipe_supported(q_recipe)) {
     return Status::Unsupported(std::string("q_recipe: '") + recipe_name(q_recipe) +
@@ -229,19 +228,19 @@ Status golden_paged_prefill(const TensorView& q, const TensorView& cu_seqlens_q,
     const int64_t nq = x.n_q(i), q0 = x.cu_q[i];
     if (nq == 0) continue;
     const ForwardOperands in = paged_prefill_operands(x, ws.data(), i, 1);
-    const TensorView qi = make_strided_view(
-        static_cast<uint8_t*>(q.data) + q0 * q.stride[0] * es_q, q.dtype, {1, nq, h, d},
-        {nq * q.stride[0], q.stride[0], q.stride[1], 1});
+    const TensorView qi =
+        make_strided_view(static_cast<uint8_t*>(q.data) + q0 * q.stride[0] * es_q, q.dtype,
+                          {1, nq, h, d}, {nq * q.stride[0], q.stride[0], q.stride[1], 1});
     FP4ATTN_RETURN_IF_ERROR(quantize_operand_host(qi, q_recipe, OperandRole::kQ, OperandOptions{},
                                                   in.q_data, in.q_scale, TensorView{}));
-    const TensorView oi = make_strided_view(
-        static_cast<uint8_t*>(o.data) + q0 * o.stride[0] * es_o, o.dtype, {1, nq, h, d},
-        {nq * o.stride[0], o.stride[0], o.stride[1], 1});
+    const TensorView oi =
+        make_strided_view(static_cast<uint8_t*>(o.data) + q0 * o.stride[0] * es_o, o.dtype,
+                          {1, nq, h, d}, {nq * o.stride[0], o.stride[0], o.stride[1], 1});
     TensorView li;
     if (lse.defined()) {
-      li = make_strided_view(static_cast<uint8_t*>(lse.data) +
-                                 q0 * lse.stride[1] * dtype_size(lse.dtype),
-                             lse.dtype, {1, h, nq}, {h * lse.stride[0], lse.stride[0], lse.stride[1]});
+      li = make_strided_view(
+          static_cast<uint8_t*>(lse.data) + q0 * lse.stride[1] * dtype_size(lse.dtype), lse.dtype,
+          {1, h, nq}, {h * lse.stride[0], lse.stride[0], lse.stride[1]});
     }
     FP4ATTN_RETURN_IF_ERROR(golden_attention_forward_operands(in, ro, oi, li));
   }

@@ -55,9 +55,9 @@ struct Case {
   bool causal = true;
   uint32_t seed = 1;
   std::string str() const {
-    std::string s = std::string(kv_cache_format_name(format)) + " ps " +
-                    std::to_string(page_size) + " d " + std::to_string(d) + " h " +
-                    std::to_string(h) + "/" + std::to_string(h_kv) + " q " + recipe_name(q_recipe) +
+    std::string s = std::string(kv_cache_format_name(format)) + " ps " + std::to_string(page_size) +
+                    " d " + std::to_string(d) + " h " + std::to_string(h) + "/" +
+                    std::to_string(h_kv) + " q " + recipe_name(q_recipe) +
                     (causal ? " causal" : " non-causal") + " lens/n_q";
     for (size_t i = 0; i < lens.size(); ++i)
       s += " " + std::to_string(lens[i]) + "/" + std::to_string(n_q[i]);
@@ -205,8 +205,8 @@ void check_case(const Case& c) {
       }
     }
     EXPECT_EQ(differ, 0) << "first differing byte " << first << " (k_data at " << lay.k_data
-                         << ", k_scale " << lay.k_scale << ", v_data " << lay.v_data
-                         << ", v_scale " << lay.v_scale << ")";
+                         << ", k_scale " << lay.k_scale << ", v_data " << lay.v_data << ", v_scale "
+                         << lay.v_scale << ")";
   }
 
   // ---- the whole prefill, twice ----
@@ -282,8 +282,8 @@ void check_case(const Case& c) {
   }
 
   // ---- vs float64 on the decoded cache ----
-  st = golden_paged_attention(make_view(x.q.data(), DType::kBF16, {tq, h, d}),
-                              i32(x.cu_q, {b + 1}), x.cache.view(), bt_host, i32(c.lens, {b}), opt,
+  st = golden_paged_attention(make_view(x.q.data(), DType::kBF16, {tq, h, d}), i32(x.cu_q, {b + 1}),
+                              x.cache.view(), bt_host, i32(c.lens, {b}), opt,
                               make_view(o64.data(), DType::kF64, {tq, h, d}),
                               make_view(l64.data(), DType::kF64, {h, tq}));
   ASSERT_TRUE(st.ok()) << st.message();
@@ -366,8 +366,8 @@ TEST(PagedPrefillGpu, BadInputRejectedBeforeLaunch) {
   const TensorView lv = make_view(lse.data(), DType::kF32, {h, tq});
   auto run = [&](const TensorView& q, const TensorView& out, const TensorView& l,
                  const PagedKvCache& kv, const PagedPrefillCudaOptions& co) {
-    return paged_prefill_cuda(q, i32(cu, {b + 1}), kv, i32(table, {b, x.max_pages}),
-                              i32(lens, {b}), PagedAttentionOptions{}, out, l, co, nullptr);
+    return paged_prefill_cuda(q, i32(cu, {b + 1}), kv, i32(table, {b, x.max_pages}), i32(lens, {b}),
+                              PagedAttentionOptions{}, out, l, co, nullptr);
   };
   auto expect = [](const Status& st, const char* needle) {
     EXPECT_FALSE(st.ok()) << needle;

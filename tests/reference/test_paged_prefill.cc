@@ -66,12 +66,13 @@ Built build(const PrefillCase& s) {
     int64_t shared = 0;
     if (s.share_prefix && bi == 4 && b > 4) {
       shared = std::min<int64_t>(s.lens[3] / ps, pages - 1);
-      for (int64_t p = 0; p < shared; ++p) x.table[bi * x.max_pages + p] = x.table[3 * x.max_pages + p];
+      for (int64_t p = 0; p < shared; ++p)
+        x.table[bi * x.max_pages + p] = x.table[3 * x.max_pages + p];
     }
     for (int64_t p = shared; p < pages; ++p) x.table[bi * x.max_pages + p] = perm.at(next++);
     for (int64_t j = shared * ps; j < s.lens[bi]; ++j) {
-      slots.push_back(static_cast<int32_t>(
-          paged_kv_slot(x.table[bi * x.max_pages + j / ps], ps, j % ps)));
+      slots.push_back(
+          static_cast<int32_t>(paged_kv_slot(x.table[bi * x.max_pages + j / ps], ps, j % ps)));
       for (int64_t e = 0; e < s.h_kv * s.d; ++e) {
         k.push_back(normal(rng) + 0.5f * std::sin(0.37f * float(e % s.d)));
         v.push_back(normal(rng));
@@ -117,8 +118,8 @@ TEST(PagedPrefillHost, LayoutOffsets) {
 
 // Every operand element of the host repack against the decoded cache.
 void check_repack(PrefillCase s) {
-  SCOPED_TRACE(std::string(kv_cache_format_name(s.format)) + " ps " +
-               std::to_string(s.page_size) + " d " + std::to_string(s.d));
+  SCOPED_TRACE(std::string(kv_cache_format_name(s.format)) + " ps " + std::to_string(s.page_size) +
+               " d " + std::to_string(s.d));
   Built x = build(s);
   const int64_t b = static_cast<int64_t>(s.lens.size()), d = s.d, hk = s.h_kv;
   const bool fp4 = s.format == KvCacheFormat::kNvfp4;
@@ -127,11 +128,11 @@ void check_repack(PrefillCase s) {
     x.cache.vs[((page * s.page_size) * hk + 1) * (d / 16) + 2] = 0x7F;
   }
   PagedPrefillLayout lay;
-  ASSERT_TRUE(paged_prefill_layout(i32(x.cu_q, {b + 1}), i32(x.s.lens, {b}), s.h, hk, d, &lay).ok());
+  ASSERT_TRUE(
+      paged_prefill_layout(i32(x.cu_q, {b + 1}), i32(x.s.lens, {b}), s.h, hk, d, &lay).ok());
   std::vector<uint8_t> ws(lay.bytes, 0xCD);
   const PagedKvCache view = x.cache.view();
-  ASSERT_TRUE(
-      paged_prefill_repack_host(view, i32(x.table, {b, x.max_pages}), lay, ws.data()).ok());
+  ASSERT_TRUE(paged_prefill_repack_host(view, i32(x.table, {b, x.max_pages}), lay, ws.data()).ok());
   int64_t max_len = 1;
   for (int32_t l : s.lens) max_len = std::max<int64_t>(max_len, l);
   std::vector<float> kd(b * max_len * hk * d), vd(kd.size());
@@ -213,11 +214,12 @@ TEST(PagedPrefillHost, RepackRejectsBadPageIds) {
   Built x = build(s);
   const int64_t b = static_cast<int64_t>(s.lens.size());
   PagedPrefillLayout lay;
-  ASSERT_TRUE(paged_prefill_layout(i32(x.cu_q, {b + 1}), i32(x.s.lens, {b}), s.h, s.h_kv, s.d, &lay).ok());
+  ASSERT_TRUE(
+      paged_prefill_layout(i32(x.cu_q, {b + 1}), i32(x.s.lens, {b}), s.h, s.h_kv, s.d, &lay).ok());
   std::vector<uint8_t> ws(lay.bytes);
   x.table[3 * x.max_pages + 1] = 1000;
-  const Status st = paged_prefill_repack_host(x.cache.view(), i32(x.table, {b, x.max_pages}), lay,
-                                              ws.data());
+  const Status st =
+      paged_prefill_repack_host(x.cache.view(), i32(x.table, {b, x.max_pages}), lay, ws.data());
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("block_tables[3, 1]"), std::string::npos) << st.message();
 }
@@ -285,16 +287,16 @@ TEST(PagedPrefillHost, GoldenRejectsBadInput) {
   std::vector<float> o(tq * s.h * s.d);
   const TensorView qv = make_view(x.q.data(), DType::kBF16, {tq, s.h, s.d});
   const TensorView ov = make_view(o.data(), DType::kF32, {tq, s.h, s.d});
-  Status st = golden_paged_prefill(qv, i32(x.cu_q, {b + 1}), x.cache.view(),
-                                   i32(x.table, {b, x.max_pages}), i32(x.s.lens, {b}), {},
-                                   Recipe::kMxfp4, ov, TensorView{});
+  Status st =
+      golden_paged_prefill(qv, i32(x.cu_q, {b + 1}), x.cache.view(), i32(x.table, {b, x.max_pages}),
+                           i32(x.s.lens, {b}), {}, Recipe::kMxfp4, ov, TensorView{});
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("q_recipe"), std::string::npos) << st.message();
   std::vector<int32_t> lens = x.s.lens;
   lens[1] = 100000;
-  st = golden_paged_prefill(qv, i32(x.cu_q, {b + 1}), x.cache.view(),
-                            i32(x.table, {b, x.max_pages}), i32(lens, {b}), {}, Recipe::kFp8, ov,
-                            TensorView{});
+  st =
+      golden_paged_prefill(qv, i32(x.cu_q, {b + 1}), x.cache.view(), i32(x.table, {b, x.max_pages}),
+                           i32(lens, {b}), {}, Recipe::kFp8, ov, TensorView{});
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("seq_lens[1]"), std::string::npos) << st.message();
 }

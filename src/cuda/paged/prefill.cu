@@ -97,9 +97,9 @@ Status check_repack(const PagedKvCache& cache, const TensorView& block_tables,
   const int32_t* bt = block_tables_host.as<const int32_t>();
   for (int64_t i = 0; i < x.b; ++i) {
     if (x.len(i) > max_pages * kv->page_size) {
-      return Status::Invalid("seq_lens[" + std::to_string(i) + "]: " + std::to_string(x.len(i)) +
-                             " exceeds max_pages * page_size = " +
-                             std::to_string(max_pages * kv->page_size));
+      return Status::Invalid(
+          "seq_lens[" + std::to_string(i) + "]: " + std::to_string(x.len(i)) +
+          " exceeds max_pages * page_size = " + std::to_string(max_pages * kv->page_size));
     }
     for (int64_t p = 0; p < (x.len(i) + kv->page_size - 1) / kv->page_size; ++p) {
       const int64_t id = bt[i * block_tables_host.stride[0] + p * block_tables_host.stride[1]];
@@ -154,8 +154,8 @@ Status plan_repack(const PagedKvCache& cache, const TensorView& block_tables,
 Status launch_repack(const std::vector<paged::RepackParams>& launches, const PagedKvCache& cache,
                      int64_t d, cudaStream_t stream) {
   for (const paged::RepackParams& p : launches) {
-    FP4ATTN_RETURN_IF_ERROR(paged::launch_prefill_repack(
-        p, cache.format == KvCacheFormat::kNvfp4, static_cast<int>(d), stream));
+    FP4ATTN_RETURN_IF_ERROR(paged::launch_prefill_repack(p, cache.format == KvCacheFormat::kNvfp4,
+                                                         static_cast<int>(d), stream));
   }
   return Status::Ok();
 }
@@ -239,8 +239,7 @@ Status paged_prefill_cuda(const TensorView& q, const TensorView& cu_seqlens_q,
   PagedPrefillLayout x;
   FP4ATTN_RETURN_IF_ERROR(paged_prefill_layout(copt.cu_seqlens_q_host, copt.seq_lens_host, qs.h,
                                                kv.kv_heads, kv.head_dim, &x));
-  FP4ATTN_RETURN_IF_ERROR(
-      check_repack(cache, block_tables, copt.block_tables_host, x, &kv));
+  FP4ATTN_RETURN_IF_ERROR(check_repack(cache, block_tables, copt.block_tables_host, x, &kv));
   if (copt.workspace != nullptr) {
     if (copt.workspace_bytes < static_cast<size_t>(x.bytes)) {
       return Status::Invalid("copt.workspace_bytes: " + std::to_string(copt.workspace_bytes) +
@@ -281,9 +280,8 @@ Status paged_prefill_cuda(const TensorView& q, const TensorView& cu_seqlens_q,
       FP4ATTN_RETURN_IF_ERROR(validate_operand(r.q, copt.q_recipe, OperandRole::kQ,
                                                OperandOptions{}, r.in.q_data, r.in.q_scale,
                                                TensorView{}, {DType::kBF16, DType::kF16}));
-      if (reinterpret_cast<uintptr_t>(r.q.data) % 16 != 0 ||
-          (n > 1 && r.q.stride[0] % 8 != 0) || (nq > 1 && r.q.stride[1] % 8 != 0) ||
-          (h > 1 && r.q.stride[2] % 8 != 0)) {
+      if (reinterpret_cast<uintptr_t>(r.q.data) % 16 != 0 || (n > 1 && r.q.stride[0] % 8 != 0) ||
+          (nq > 1 && r.q.stride[1] % 8 != 0) || (h > 1 && r.q.stride[2] % 8 != 0)) {
         return Status::Unsupported(
             "q: the operand quantizer reads 16-byte vectors: the data address must be 16-byte "
             "aligned and the token and head strides multiples of 8 elements");
