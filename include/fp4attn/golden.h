@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "fp4attn/attention.h"
 #include "fp4attn/recipe.h"
 #include "fp4attn/status.h"
 #include "fp4attn/tensor.h"
@@ -49,5 +50,16 @@ struct RecipeStats {
 Status golden_attention_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                 const RecipeOptions& opt, const TensorView& o,
                                 const TensorView& lse, RecipeStats* stats = nullptr);
+
+// Forward attention over kernel operands (the layouts of operands.h, V keys permuted), as
+// attention_forward_operands_cuda reads them: the golden model's arithmetic (float64 scores, the
+// recipe's P) on the stored codes and factors. in: host memory, every recipe (data E4M3, BF16 for
+// bf16); opt.recipe must be the one the operands were made for (it picks P's rule); smooth_k is
+// refused (the operands carry no q for the LSE correction). o [b, s_q, h, d] BF16/FP16/FP32/FP64
+// (any strides, last dim contiguous), lse FP32/FP64 [b, h, s_q] or undefined. On operands from
+// quantize_operand_host of q, k, v the result equals golden_attention_forward(q, k, v) bit for
+// bit. Used by the Python package's host path and as the same-numerics reference of paged prefill.
+Status golden_attention_forward_operands(const ForwardOperands& in, const RecipeOptions& opt,
+                                         const TensorView& o, const TensorView& lse);
 
 }  // namespace fp4attn

@@ -13,7 +13,6 @@
 #include "fp4attn/operands.h"
 #include "python/args.h"
 #include "python/bindings.h"
-#include "python/host_operand_attention.h"
 #include "python/status_error.h"
 
 namespace fp4attn::py {
@@ -81,7 +80,7 @@ void attention_operands_host(const Array& q_data, const Array& q_scale, const Ar
   Status st;
   {
     nb::gil_scoped_release unlocked;
-    st = attention_forward_operands_host(in, opt, ov, lv);
+    st = golden_attention_forward_operands(in, opt, ov, lv);
   }
   throw_if_error(st);
 }

@@ -5,6 +5,7 @@
 //                          [--list]
 //   fp4attn_bench fwd [--recipes fp8,...] [--quick] [--json FILE] ...   (fwd_main.cc; --help)
 //   fp4attn_bench decode [--recipes nvfp4,fp8] [--quick] [--out FILE] ...   (decode_suite.cc)
+//   fp4attn_bench paged-prefill [--recipes nvfp4,fp8] [--out FILE] ...  (paged_prefill_suite.cc)
 // The suite may also be named as `--suite NAME` in front.
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +30,7 @@ void usage(FILE* f) {
       "usage: fp4attn_bench quantize [options]\n"
       "       fp4attn_bench fwd [options]   (fp4attn_bench fwd --help)\n"
       "       fp4attn_bench decode [options]   (fp4attn_bench decode --help)\n"
+      "       fp4attn_bench paged-prefill [options]   (fp4attn_bench paged-prefill --help)\n"
       "  --out FILE        JSON output (default quantize.json)\n"
       "  --sizes LIST      BF16 input sizes, e.g. 16M,256M,1G,2G (the default)\n"
       "  --quick           16M,256M and fewer repetitions\n"
@@ -112,6 +114,14 @@ int main(int argc, char** argv) {
     return fp4attn::bench::decode_main(argc - first_option, argv + first_option, command);
 #else
     std::fprintf(stderr, "fp4attn_bench: the decode suite needs the CUDA library (not built)\n");
+    return 2;
+#endif
+  }
+  if (suite == "paged-prefill") {
+#ifdef FP4ATTN_BENCH_HAVE_DECODE
+    return fp4attn::bench::paged_prefill_main(argc - first_option, argv + first_option, command);
+#else
+    std::fprintf(stderr, "fp4attn_bench: the paged-prefill suite needs the CUDA library\n");
     return 2;
 #endif
   }

@@ -1,5 +1,5 @@
-#include "python/host_operand_attention.h"
-
+// Forward attention over kernel operands on the host (golden_attention_forward_operands,
+// golden.h): what attention_forward_operands_cuda computes, with the golden model's arithmetic.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -11,9 +11,10 @@
 #include "common/half.h"
 #include "common/parallel.h"
 #include "fp4attn/formats.h"
+#include "fp4attn/golden.h"
 #include "reference/golden_softmax.h"
 
-namespace fp4attn::py {
+namespace fp4attn {
 namespace {
 
 struct Dims {
@@ -138,8 +139,8 @@ void run_head(const ForwardOperands& in, const RecipeOptions& opt, const Dims& x
 
 }  // namespace
 
-Status attention_forward_operands_host(const ForwardOperands& in, const RecipeOptions& opt,
-                                       const TensorView& o, const TensorView& lse) {
+Status golden_attention_forward_operands(const ForwardOperands& in, const RecipeOptions& opt,
+                                         const TensorView& o, const TensorView& lse) {
   if (static_cast<int>(opt.recipe) < 0 ||
       static_cast<int>(opt.recipe) > static_cast<int>(Recipe::kFp4Direct)) {
     return Status::Invalid("recipe: unknown recipe value " +
@@ -154,4 +155,4 @@ Status attention_forward_operands_host(const ForwardOperands& in, const RecipeOp
   return Status::Ok();
 }
 
-}  // namespace fp4attn::py
+}  // namespace fp4attn
