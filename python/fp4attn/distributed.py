@@ -426,15 +426,22 @@ def message_parts(recipe: str, b: int, h_kv: int, s: int, d: int) -> list[tuple]
     code, u8 = _ops.operand_dtype(recipe), torch.uint8
     pitch = _ops.operand_shapes((b, s, h_kv, d), "v")[0][3]
     if fmt["k"] == "operand":
-        parts = [("k_data", (b, h_kv, s, d), code), ("k_scale", (b, h_kv, -(-s // TILE)), torch.float32)]
+        tiles = -(-s // TILE)
+        parts = [("k_data", (b, h_kv, s, d), code), ("k_scale", (b, h_kv, tiles), torch.float32)]
     else:
         rows = s + (fmt["k"] == "mxfp4")  # MXFP4 keeps the amax token: it sets the fold offset
         block = _ops.PACKED_BLOCK[fmt["k"]]
-        parts = [("k_packed", (b, h_kv, rows, d // 2), u8), ("k_scales", (b, h_kv, rows, d // block), u8)]
+        parts = [
+            ("k_packed", (b, h_kv, rows, d // 2), u8),
+            ("k_scales", (b, h_kv, rows, d // block), u8),
+        ]
     if fmt["v"] == "operand":
         return parts + [("v_data", (b, h_kv, d, pitch), code)]
     block = _ops.PACKED_BLOCK[fmt["v"]]
-    return parts + [("v_packed", (b, h_kv, d, pitch // 2), u8), ("v_scales", (b, h_kv, d, pitch // block), u8)]
+    return parts + [
+        ("v_packed", (b, h_kv, d, pitch // 2), u8),
+        ("v_scales", (b, h_kv, d, pitch // block), u8),
+    ]
 
 
 def _nbytes(shape, dtype) -> int:
@@ -561,7 +568,11 @@ def _unpack_message(buf, recipe, b, h_kv, s, d, k_factor):
         return kd, ks, torch.empty((b, h_kv, d, 0), dtype=e4m3, device=buf.device)
     # V^T rows repack as Q/K rows do (NVFP4 along the last dim), in token order...
     natural, _ = _ops.repack_operand(
-        packed.view(b * h_kv, d, 1, pitch // 2), scales.view(b * h_kv, d, 1, -1), "nvfp4", recipe, "k"
+        packed.view(b * h_kv, d, 1, pitch // 2),
+        scales.view(b * h_kv, d, 1, -1),
+        "nvfp4",
+        recipe,
+        "k",
     )
     # ...then take the operand's key order inside 16-key groups; padding keys are 0.
     key_at = _v_key_at(pitch, buf.device)

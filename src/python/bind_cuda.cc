@@ -51,9 +51,9 @@ void quantize_packed_cuda_py(const Array& x, const std::string& format, const st
   }
   const TensorView xv = to_view(x, "x"), pv = to_view(packed, "packed");
   const TensorView sv = to_view(scales, "scales"), ov = optional_view(s_enc_out, "s_enc_out");
-  throw_if_error(nv ? quantize_packed_nvfp4_cuda(xv, scale_rule_arg(rule), static_cast<float>(s_enc),
-                                                 ScaleLayout::kRowMajor, pv, sv, ov,
-                                                 stream_arg(stream))
+  throw_if_error(nv ? quantize_packed_nvfp4_cuda(xv, scale_rule_arg(rule),
+                                                 static_cast<float>(s_enc), ScaleLayout::kRowMajor,
+                                                 pv, sv, ov, stream_arg(stream))
                     : quantize_packed_mxfp4_cuda(xv, mx_rule_arg(rule), ScaleLayout::kRowMajor, pv,
                                                  sv, stream_arg(stream)));
 }
@@ -75,8 +75,7 @@ void repack_to_operand_cuda_py(const Array& packed, const Array& scales, const s
   in.layout = ScaleLayout::kRowMajor;
   in.s_enc = static_cast<float>(s_enc);
   throw_if_error(repack_to_operand_cuda(in, r, ro, OperandOptions{}, to_view(data, "data", true),
-                                        to_view(scale, "scale"), TensorView{},
-                                        stream_arg(stream)));
+                                        to_view(scale, "scale"), TensorView{}, stream_arg(stream)));
 }
 
 // The GPU append of the paged KV cache (paged_kv_cuda.h). slot_mapping_host: an optional host copy

@@ -77,8 +77,7 @@ Status quantize_packed_nvfp4_host(const TensorView& x, Nvfp4ScaleRule rule, floa
   const int64_t d = x.shape[3], n_rows = x.numel() / std::max<int64_t>(d, 1);
   if (n_rows > 0 && d > 0) {
     std::vector<uint8_t> codes(rows.size());
-    nvfp4_quantize_rows(rows.data(), n_rows, d, d, s_enc, rule, codes.data(),
-                        scales.as<uint8_t>());
+    nvfp4_quantize_rows(rows.data(), n_rows, d, d, s_enc, rule, codes.data(), scales.as<uint8_t>());
     pack_e2m1_rows(codes.data(), n_rows, d, packed.as<uint8_t>());
   }
   if (s_enc_out.defined()) *s_enc_out.as<float>() = s_enc;
@@ -113,8 +112,7 @@ Status repack_to_operand_host(const TensorView& packed, const TensorView& scales
                               float s_enc, Recipe recipe, OperandRole role, const TensorView& data,
                               const TensorView& scale) {
   FP4ATTN_RETURN_IF_ERROR(check_exact_repack(nvfp4, recipe, role));
-  FP4ATTN_RETURN_IF_ERROR(
-      check_rank(packed, "packed", 4, "(batch, seqlen, heads, head_dim / 2)"));
+  FP4ATTN_RETURN_IF_ERROR(check_rank(packed, "packed", 4, "(batch, seqlen, heads, head_dim / 2)"));
   const int64_t b = packed.shape[0], s = packed.shape[1], h = packed.shape[2];
   const int64_t d = 2 * packed.shape[3], block = nvfp4 ? kNvfp4Block : kMxfp4Block;
   if (d % block != 0) {
@@ -157,10 +155,10 @@ Status repack_to_operand_host(const TensorView& packed, const TensorView& scales
       const double value = e2m1_to_float(code);
       if (nvfp4) {
         // As golden_operands.cc: the product is exact in double, one rounding to E4M3.
-        dst[c] = (e & 0x7F) == 0x7F
-                     ? 0x7F
-                     : float_to_e4m3(static_cast<float>(value * e4m3_to_float(e) /
-                                                        kNvfp4FoldDivisor));
+        dst[c] =
+            (e & 0x7F) == 0x7F
+                ? 0x7F
+                : float_to_e4m3(static_cast<float>(value * e4m3_to_float(e) / kNvfp4FoldDivisor));
       } else {
         dst[c] = e == 0xFF ? 0x7F
                            : float_to_e4m3(static_cast<float>(

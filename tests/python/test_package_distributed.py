@@ -54,7 +54,9 @@ CASES = {
         "ring-causal-zigzag-nvfp4": case("ring", 517, "nvfp4", causal=True, zigzag=True, h=2),
         "ring-fp8-empty-shards": case("ring", 200, "fp8"),
         "ring-nvfp4-all-empty-shards": case("ring", 200, "nvfp4-all"),
-        "ring-causal-zigzag-mxfp4-empty-shards": case("ring", 200, "mxfp4", causal=True, zigzag=True),
+        "ring-causal-zigzag-mxfp4-empty-shards": case(
+            "ring", 200, "mxfp4", causal=True, zigzag=True
+        ),
         "ring-causal-zigzag-tiny": case("ring", 130, "nvfp4", causal=True, zigzag=True),
         "ulysses-causal-nvfp4": case("ulysses", 517, "nvfp4", causal=True),
         "ulysses-zigzag-fp8": case("ulysses", 300, "fp8", zigzag=True, h=8, h_kv=4),

@@ -68,7 +68,10 @@ def inputs(c):
 # ---- one GPU: the wire format --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("recipe", [r for r in fp4attn.RECIPES if fd.wire_formats(r)["k"] != "operand"])
+PACKED_RECIPES = [r for r in fp4attn.RECIPES if fd.wire_formats(r)["k"] != "operand"]
+
+
+@pytest.mark.parametrize("recipe", PACKED_RECIPES)
 def test_gpu_packed_messages_fold_to_the_shard_operands(recipe):
     """What the ring sends for a shard, unpacked on the GPU, equals quantize_shard on the GPU
     (and the packed bytes equal the CPU's), for every shard of a zig-zag split, an empty one
