@@ -214,6 +214,47 @@ def _(q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, softmax_scale, 
     return _outputs((b, s_q, h, d), out_dtype, q_data.device)
 
 
+# ---- packed FP4 storage (plain functions: the ring's wire format, fp4attn.distributed) ---------
+
+PACKED_BLOCK = {"nvfp4": 16, "mxfp4": 32}  # values per scale along the last dim
+
+
+def quantize_packed_into(x: Tensor, fmt: str, rule: str, packed, scales, s_enc_out) -> None:
+    """Packed FP4 of a BSHD tensor into packed U8 [b, s, h, d / 2] and row-major scales U8
+    [b, s, h, d / block] (include/fp4attn/quantize_cuda.h). NVFP4: the tensor scale s_enc comes
+    from x's amax and is written to s_enc_out (F32 [1]); MXFP4: s_enc_out is None."""
+    if x.device.type == "cuda":
+        require_cuda_build("x", attention=False)
+        with torch.cuda.device(x.device):
+            run_cuda(
+                _C.quantize_packed_cuda,
+                x, fmt, rule, 0.0, packed, scales, s_enc_out, cuda_stream(x.device),
+            )
+    else:
+        _C.quantize_packed_host(x, fmt, rule, 0.0, packed, scales, s_enc_out)
+
+
+def repack_operand(
+    packed: Tensor, scales: Tensor, fmt: str, recipe: str, role: str, s_enc: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Q/K kernel operand (data E4M3 [b, h, s, d], scale F32 [b, h, tiles]) of packed FP4 (as
+    quantize_packed_into writes it), folded without requantizing: the bytes quantize_operand gives
+    for the values the codes came from. The data do not depend on s_enc (NVFP4 scale = 8 /
+    s_enc). Combinations that would requantize raise UnsupportedError."""
+    b, s, h, half = packed.shape
+    data = torch.empty((b, h, s, 2 * half), dtype=E4M3, device=packed.device)
+    scale = torch.empty((b, h, (s + SCALE_TILE - 1) // SCALE_TILE), dtype=torch.float32,
+                        device=packed.device)
+    args = (packed, scales, fmt, s_enc, recipe, role, as_codes(data), scale)
+    if packed.device.type == "cuda":
+        require_cuda_build("packed", attention=False)
+        with torch.cuda.device(packed.device):
+            run_cuda(_C.repack_to_operand_cuda, *args, cuda_stream(packed.device))
+    else:
+        run_cuda(_C.repack_to_operand_host, *args)
+    return data, scale
+
+
 # ---- backward (CPU: the golden model) ----------------------------------------------------------
 
 

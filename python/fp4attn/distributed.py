@@ -198,7 +198,7 @@ def _check_sharding(lens: list[int], zigzag: bool) -> list[list[tuple[int, int]]
 def _new_stats(stats: dict | None) -> dict:
     if stats is None:
         stats = {}
-    stats.update(messages=0, bytes_sent=0, bf16_bytes=0)
+    stats.update(messages=0, bytes_sent=0, bf16_bytes=0, k_bytes=0, v_bytes=0)
     return stats
 
 
@@ -353,6 +353,21 @@ def global_amax(x: torch.Tensor, group=None) -> torch.Tensor:
     return torch.where(both[1] > 0, torch.nan, both[0])
 
 
+def _quantize_shard(x: torch.Tensor, amax: torch.Tensor, recipe: str, role: str):
+    """quantize_shard, plus the scale of the operand of shard + amax tile (at least one tile even
+    for an empty shard): for NVFP4 / MXFP4 Q/K every tile of it is the slice's global factor."""
+    b, s, h, d = x.shape
+    padded = -(-s // TILE) * TILE
+    ext = x.new_zeros((b, padded + TILE, h, d))
+    ext[:, :s] = x
+    ext[:, padded] = amax.to(x.dtype)  # exact: it is one of x's values (or NaN)
+    data, scale = _ops.quantize_operand(ext, recipe, role, 0.0)
+    if role == "v":
+        pitch = _ops.operand_shapes((b, s, h, d), "v")[0][3]
+        return data[..., :pitch].contiguous(), scale, scale
+    return data[:, :, :s].contiguous(), scale[:, :, : -(-s // TILE)].contiguous(), scale
+
+
 def quantize_shard(x: torch.Tensor, amax: torch.Tensor, recipe: str, role: str):
     """The kernel operand (data, scale) of a BSHD shard whose chunks start on 128-token tiles
     (all but the sequence's last tile whole): byte for byte that shard's slice of the operand of
@@ -363,15 +378,8 @@ def quantize_shard(x: torch.Tensor, amax: torch.Tensor, recipe: str, role: str):
     token holds the whole sequence's amax (`global_amax`) makes them the global ones, while
     tile-local scales never see it. The op then runs once on shard + tile.
     """
-    b, s, h, d = x.shape
-    padded = -(-s // TILE) * TILE
-    ext = x.new_zeros((b, padded + TILE, h, d))
-    ext[:, :s] = x
-    ext[:, padded] = amax.to(x.dtype)  # exact: it is one of x's values (or NaN)
-    data, scale = _ops.quantize_operand(ext, recipe, role, 0.0)
-    if role == "v":
-        return data[..., : _ops.operand_shapes((b, s, h, d), "v")[0][3]].contiguous(), scale
-    return data[:, :, :s].contiguous(), scale[:, :, : -(-s // TILE)].contiguous()
+    data, scale, _ = _quantize_shard(x, amax, recipe, role)
+    return data, scale
 
 
 def merge_partials(o, lse, o_part, lse_part):
@@ -389,25 +397,189 @@ def merge_partials(o, lse, o_part, lse_part):
     lse.copy_(m + torch.log(total))
 
 
-def _kv_bytes(t: tuple) -> torch.Tensor:
-    return torch.cat([_as_bytes(x) for x in t])
+# ---- the ring's messages: packed FP4 where it is exact, kernel operands elsewhere --------------
+
+# The NVFP4 scale rule of each recipe's Q/K (golden_operands.cc); nvfp4-all's V uses "nearest".
+_NVFP4_QK_RULE = {
+    "nvfp4": "four-over-six",
+    "nvfp4-fast": "four-over-six",
+    "nvfp4-all": "four-over-six",
+    "nvfp4-hx": "restricted",
+    "fp4-direct": "nearest",
+}
+ALIGN = 16  # every part of a message starts 16-byte aligned (the kernels' TMA and vector loads)
 
 
-def _kv_layout(b, h_kv, s, d, code):
-    return [
-        ((b, h_kv, s, d), code),
-        ((b, h_kv, -(-s // TILE)), torch.float32),
-        ((b, h_kv, d, _ops.operand_shapes((b, s, h_kv, d), "v")[0][3]), code),
+def wire_formats(recipe: str) -> dict:
+    """What a ring message carries for K and V under `recipe`: "nvfp4" / "mxfp4" (packed FP4:
+    E2M1 nibbles and row-major block scales, folded into the kernel operand on arrival without
+    requantizing) or "operand" (the kernel operand bytes). docs/distributed.md has the sizes."""
+    _checks.check_recipe(recipe)
+    k = "nvfp4" if recipe in _NVFP4_QK_RULE else "mxfp4" if recipe == "mxfp4" else "operand"
+    return {"k": k, "v": "nvfp4" if recipe == "nvfp4-all" else "operand"}
+
+
+def message_parts(recipe: str, b: int, h_kv: int, s: int, d: int) -> list[tuple]:
+    """(name, shape, dtype) of each part of the message holding an s-token shard's K and V, in
+    order; each part starts on an ALIGN-byte boundary."""
+    fmt = wire_formats(recipe)
+    code, u8 = _ops.operand_dtype(recipe), torch.uint8
+    pitch = _ops.operand_shapes((b, s, h_kv, d), "v")[0][3]
+    if fmt["k"] == "operand":
+        tiles = -(-s // TILE)
+        parts = [("k_data", (b, h_kv, s, d), code), ("k_scale", (b, h_kv, tiles), torch.float32)]
+    else:
+        rows = s + (fmt["k"] == "mxfp4")  # MXFP4 keeps the amax token: it sets the fold offset
+        block = _ops.PACKED_BLOCK[fmt["k"]]
+        parts = [
+            ("k_packed", (b, h_kv, rows, d // 2), u8),
+            ("k_scales", (b, h_kv, rows, d // block), u8),
+        ]
+    if fmt["v"] == "operand":
+        return parts + [("v_data", (b, h_kv, d, pitch), code)]
+    block = _ops.PACKED_BLOCK[fmt["v"]]
+    return parts + [
+        ("v_packed", (b, h_kv, d, pitch // 2), u8),
+        ("v_scales", (b, h_kv, d, pitch // block), u8),
     ]
 
 
-def _kv_from_bytes(buf, layout):
-    out, at = [], 0
-    for shape, dtype in layout:
-        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        out.append(buf[at : at + n].view(dtype).reshape(shape))
+def _nbytes(shape, dtype) -> int:
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def message_bytes(recipe: str, b: int, h_kv: int, s: int, d: int) -> dict:
+    """Bytes of one ring message (parts padded to ALIGN): {"k", "v", "total", "bf16"}, where
+    "bf16" is what BF16 K and V of the same tokens take."""
+    sizes = {"k": 0, "v": 0}
+    for name, shape, dtype in message_parts(recipe, b, h_kv, s, d):
+        sizes[name[0]] += _aligned(_nbytes(shape, dtype))
+    return {**sizes, "total": sizes["k"] + sizes["v"], "bf16": 2 * b * h_kv * s * d * 2}
+
+
+def _to_message(tensors) -> torch.Tensor:
+    sizes = [_aligned(t.numel() * t.element_size()) for t in tensors]
+    buf = torch.zeros(sum(sizes), dtype=torch.uint8, device=tensors[0].device)
+    at = 0
+    for t, n in zip(tensors, sizes):
+        raw = _as_bytes(t)
+        buf[at : at + raw.numel()] = raw
         at += n
+    return buf
+
+
+def _from_message(buf: torch.Tensor, parts) -> dict:
+    out, at = {}, 0
+    for name, shape, dtype in parts:
+        n = _nbytes(shape, dtype)
+        out[name] = buf[at : at + n].view(dtype).reshape(shape)
+        at += _aligned(n)
     return out
+
+
+def _pack_rows(x: torch.Tensor, fmt: str, rule: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed FP4 of every (batch, head) slice of x [b, rows, h, cols] along cols, one tensor
+    scale per slice (NVFP4: from the slice's amax): (packed U8 [b, h, rows, cols / 2], scales U8
+    [b, h, rows, cols / block])."""
+    b, rows, h, cols = x.shape
+    block = _ops.PACKED_BLOCK[fmt]
+    packed = torch.empty((b, h, rows, cols // 2), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((b, h, rows, cols // block), dtype=torch.uint8, device=x.device)
+    s_enc = torch.empty((b, h, 1), dtype=torch.float32, device=x.device)
+    for bi in range(b):
+        for hi in range(h):
+            _ops.quantize_packed_into(
+                x[bi : bi + 1, :, hi : hi + 1],
+                fmt,
+                rule,
+                packed[bi, hi].view(1, rows, 1, cols // 2),
+                scales[bi, hi].view(1, rows, 1, cols // block),
+                s_enc[bi, hi] if fmt == "nvfp4" else None,
+            )
+    return packed, scales
+
+
+def _pack_k(kb: torch.Tensor, amax: torch.Tensor, recipe: str, fmt: str):
+    """K of a BSHD shard as packed FP4 rows with the whole sequence's statistics: the amax token
+    after the shard gives every (batch, head) slice its global NVFP4 tensor scale / MXFP4
+    largest exponent (as in quantize_shard); MXFP4 keeps that token in the message."""
+    s = kb.shape[1]
+    ext = torch.cat([kb, amax.to(kb.dtype).unsqueeze(1)], 1)
+    packed, scales = _pack_rows(ext, fmt, _NVFP4_QK_RULE.get(recipe, "round-up"))
+    rows = s + (fmt == "mxfp4")
+    return packed[:, :, :rows].contiguous(), scales[:, :, :rows].contiguous()
+
+
+def _pack_v(vb: torch.Tensor, amax: torch.Tensor):
+    """nvfp4-all's V (NVFP4 along tokens) as packed rows of V^T [b, h, d, pitch]: tokens padded
+    with zeros to the operand pitch, then one 16-token block holding the amax (the global tensor
+    scale), which does not travel."""
+    b, s, h, d = vb.shape
+    pitch = _ops.operand_shapes(vb.shape, "v")[0][3]
+    vt = vb.new_zeros((b, d, h, pitch + _ops.V_TOKEN_PAD))  # [b, channel, h, token]
+    vt[..., :s] = vb.permute(0, 3, 2, 1)
+    vt[..., pitch] = amax.to(vb.dtype).transpose(1, 2)
+    packed, scales = _pack_rows(vt, "nvfp4", "nearest")  # [b, h, d, ...]
+    block = _ops.PACKED_BLOCK["nvfp4"]
+    return packed[..., : pitch // 2].contiguous(), scales[..., : pitch // block].contiguous()
+
+
+def _v_key_at(pitch: int, device) -> torch.Tensor:
+    """The key at each position of a V^T row (operands.h operand_v_key_at)."""
+    p = torch.arange(pitch, device=device)
+    q = p & 15
+    return (p & ~15) + 2 * (q >> 2) + (q & 1) + 8 * ((q >> 1) & 1)
+
+
+def _unpack_message(buf, recipe, b, h_kv, s, d, k_factor):
+    """Kernel operands (k_data, k_scale, v_data) of a received message; V's channel scales are
+    global (the same on every rank) and are the receiver's own."""
+    fmt = wire_formats(recipe)
+    t = _from_message(buf, message_parts(recipe, b, h_kv, s, d))
+    e4m3 = _ops.E4M3
+    if fmt["k"] == "operand":
+        kd, ks = t["k_data"], t["k_scale"]
+    else:
+        packed, scales = t["k_packed"], t["k_scales"]
+        rows = packed.shape[2]
+        if s == 0:
+            kd = torch.empty((b, h_kv, 0, d), dtype=e4m3, device=buf.device)
+        else:
+            kd, _ = _ops.repack_operand(
+                packed.view(b * h_kv, rows, 1, d // 2),
+                scales.view(b * h_kv, rows, 1, -1),
+                fmt["k"],
+                recipe,
+                "k",
+            )
+            kd = kd.view(b, h_kv, rows, d)
+            if rows > s:
+                kd = kd[:, :, :s].contiguous()
+        ks = k_factor.expand(b, h_kv, -(-s // TILE)).contiguous()
+    if fmt["v"] == "operand":
+        return kd, ks, t["v_data"]
+    packed, scales = t["v_packed"], t["v_scales"]
+    pitch = 2 * packed.shape[3]
+    if pitch == 0:
+        return kd, ks, torch.empty((b, h_kv, d, 0), dtype=e4m3, device=buf.device)
+    # V^T rows repack as Q/K rows do (NVFP4 along the last dim), in token order...
+    natural, _ = _ops.repack_operand(
+        packed.view(b * h_kv, d, 1, pitch // 2),
+        scales.view(b * h_kv, d, 1, -1),
+        "nvfp4",
+        recipe,
+        "k",
+    )
+    # ...then take the operand's key order inside 16-key groups; padding keys are 0.
+    key_at = _v_key_at(pitch, buf.device)
+    codes = natural.view(torch.uint8).view(b, h_kv, d, pitch).index_select(3, key_at)
+    if pitch > s:
+        codes[..., key_at >= s] = 0
+    return kd, ks, codes.view(e4m3)
 
 
 def ring_attn_func(
@@ -452,13 +624,20 @@ def ring_attn_func(
     qb, kb, vb = (_to_bshd(t, layout) for t in (q, k, v))
     b, s_l, h, d = qb.shape
     h_kv, scale = kb.shape[2], _checks.check_softmax_scale(softmax_scale)
-    code = _ops.operand_dtype(recipe)
 
-    # Quantize once, with the whole sequence's statistics; V's channel scales are then the same
-    # on every rank, so only K's data and tile scales and V's data travel.
+    # Quantize once, with the whole sequence's statistics: every operand byte is the whole
+    # sequence's. V's channel scales (and NVFP4 / MXFP4 K's factor) are then the same on every
+    # rank and do not travel. K (and nvfp4-all's V) travel as packed FP4 where the recipe's
+    # operand is a fold of it (wire_formats), the other parts as operand bytes.
+    fmt = wire_formats(recipe)
+    amax_k, amax_v = global_amax(kb, group), global_amax(vb, group)
     qd, qs = quantize_shard(qb, global_amax(qb, group), recipe, "q")
-    kd, ks = quantize_shard(kb, global_amax(kb, group), recipe, "k")
-    vd, vs = quantize_shard(vb, global_amax(vb, group), recipe, "v")
+    kd, ks, k_ext_scale = _quantize_shard(kb, amax_k, recipe, "k")
+    vd, vs = quantize_shard(vb, amax_v, recipe, "v")
+    k_factor = k_ext_scale[:, :, :1]
+    k_part = [kd, ks] if fmt["k"] == "operand" else list(_pack_k(kb, amax_k, recipe, fmt["k"]))
+    v_part = [vd] if fmt["v"] == "operand" else list(_pack_v(vb, amax_v))
+    stats["wire"] = dict(fmt)
     first = [r[0][1] - r[0][0] for r in ranges]  # length of each rank's first chunk
 
     o = torch.zeros((b, s_l, h, d), dtype=torch.float32, device=qb.device)
@@ -490,12 +669,12 @@ def ring_attn_func(
 
     nxt, prv = (rank + 1) % world, (rank - 1) % world
     peers = [dist.get_global_rank(group, p) if group is not None else p for p in (nxt, prv)]
-    kv, buf, src = (kd, ks, vd), _kv_bytes((kd, ks, vd)), rank
+    kv, buf, src = (kd, ks, vd), _to_message(k_part + v_part), rank
     for step in range(world):
         reqs = []
         if step + 1 < world:  # send what we hold on while attending to it
-            incoming = _kv_layout(b, h_kv, lens[(src - 1) % world], d, code)
-            size = sum(math.prod(s) * torch.empty((), dtype=t).element_size() for s, t in incoming)
+            s_in = lens[(src - 1) % world]
+            size = message_bytes(recipe, b, h_kv, s_in, d)["total"]
             recv = torch.empty(size, dtype=torch.uint8, device=qb.device)
             reqs = dist.batch_isend_irecv(
                 [
@@ -503,9 +682,12 @@ def ring_attn_func(
                     dist.P2POp(dist.irecv, recv, peers[1], group),
                 ]
             )
+            sent = message_bytes(recipe, b, h_kv, lens[src], d)
             stats["messages"] += 1
             stats["bytes_sent"] += buf.numel()
-            stats["bf16_bytes"] += 2 * b * h_kv * lens[src] * d * 2
+            stats["k_bytes"] += sent["k"]
+            stats["v_bytes"] += sent["v"]
+            stats["bf16_bytes"] += sent["bf16"]
         if not causal:
             attend(0, kv, None, False)
         elif src == rank:
@@ -522,7 +704,7 @@ def ring_attn_func(
         if reqs:
             src = (src - 1) % world
             buf = recv
-            kv = _kv_from_bytes(recv, incoming)
+            kv = _unpack_message(recv, recipe, b, h_kv, lens[src], d, k_factor)
 
     lse = torch.where(lse == -torch.inf, torch.inf, lse)  # no key at all: attn_func's +inf
     return _result(o.to(q.dtype), lse, layout, return_lse)
@@ -533,10 +715,13 @@ __all__ = [
     "global_amax",
     "init_process_group",
     "merge_partials",
+    "message_bytes",
+    "message_parts",
     "quantize_shard",
     "ring_attn_func",
     "shard",
     "shard_ranges",
     "ulysses_attn_func",
     "unshard",
+    "wire_formats",
 ]

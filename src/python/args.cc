@@ -36,6 +36,19 @@ Nvfp4ScaleRule scale_rule_arg(const std::string& name) {
       ("rule: unknown NVFP4 scale rule '" + name + "' (known: " + known + ")").c_str());
 }
 
+bool packed_nvfp4_arg(const std::string& format) {
+  if (format == "nvfp4") return true;
+  if (format == "mxfp4") return false;
+  throw nb::value_error(("format: expected 'nvfp4' or 'mxfp4', got '" + format + "'").c_str());
+}
+
+MxScaleRule mx_rule_arg(const std::string& name) {
+  if (name == "ocp-floor") return MxScaleRule::kOcpFloor;
+  if (name == "round-up") return MxScaleRule::kRoundUp;
+  throw nb::value_error(
+      ("rule: unknown MXFP4 scale rule '" + name + "' (known: ocp-floor, round-up)").c_str());
+}
+
 PagedKvCache paged_cache_arg(const Array& k_data, const Array& v_data, const OptArray& k_scales,
                              const OptArray& v_scales, const Array& k_global, const Array& v_global,
                              const std::string& format, const std::string& rule) {

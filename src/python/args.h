@@ -8,6 +8,7 @@
 
 #include "fp4attn/operands.h"
 #include "fp4attn/paged_kv.h"
+#include "fp4attn/quantize.h"
 #include "fp4attn/recipe.h"
 #include "python/dlpack_view.h"
 
@@ -25,6 +26,11 @@ OperandRole role_arg(const std::string& name);
 // Nvfp4ScaleRule (quantize.h's scale_rule_name). ValueError naming `format` / `rule` otherwise.
 KvCacheFormat kv_format_arg(const std::string& name);
 Nvfp4ScaleRule scale_rule_arg(const std::string& name);
+
+// Packed FP4 storage: "nvfp4" -> true, "mxfp4" -> false (ValueError naming `format` otherwise);
+// "ocp-floor" / "round-up" -> MxScaleRule (ValueError naming `rule`).
+bool packed_nvfp4_arg(const std::string& format);
+MxScaleRule mx_rule_arg(const std::string& name);
 
 // The PagedKvCache over the caller's tensors (paged_kv.h): FP8 data and every scale tensor may
 // be uint8 (retyped as E4M3 codes); the scales are None for an FP8 cache. The device is checked

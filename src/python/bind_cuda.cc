@@ -10,8 +10,10 @@
 
 #include "fp4attn/operands_cuda.h"
 #include "fp4attn/paged_kv_cuda.h"
+#include "fp4attn/quantize_cuda.h"
 #include "python/args.h"
 #include "python/bindings.h"
+#include "python/packed_host.h"
 #include "python/status_error.h"
 #ifdef FP4ATTN_PY_CUDA_ATTENTION
 #include "fp4attn/attention_cuda.h"
@@ -34,6 +36,46 @@ void quantize_operand_cuda_py(const Array& x, const std::string& recipe, const s
   throw_if_error(quantize_operand_cuda(
       to_view(x, "x"), r, role_arg(role), opt, to_view(data, "data", r != Recipe::kBf16),
       to_view(scale, "scale"), optional_view(mean, "mean"), stream_arg(stream)));
+}
+
+// Packed FP4 storage (quantize_cuda.h), row-major scales: the names and rules of the host
+// bindings (bind_host.cc), so fp4attn picks one by the tensors' device.
+void quantize_packed_cuda_py(const Array& x, const std::string& format, const std::string& rule,
+                             double s_enc, const Array& packed, const Array& scales,
+                             const OptArray& s_enc_out, uintptr_t stream) {
+  require_cuda({{&x, "x"}, {&packed, "packed"}, {&scales, "scales"}});
+  if (s_enc_out) require_cuda({{&x, "x"}, {&*s_enc_out, "s_enc_out"}});
+  const bool nv = packed_nvfp4_arg(format);
+  if (!nv && (s_enc != 0 || s_enc_out)) {
+    throw nb::value_error("s_enc/s_enc_out: MXFP4 has no tensor scale (pass 0 and None)");
+  }
+  const TensorView xv = to_view(x, "x"), pv = to_view(packed, "packed");
+  const TensorView sv = to_view(scales, "scales"), ov = optional_view(s_enc_out, "s_enc_out");
+  throw_if_error(nv ? quantize_packed_nvfp4_cuda(xv, scale_rule_arg(rule),
+                                                 static_cast<float>(s_enc), ScaleLayout::kRowMajor,
+                                                 pv, sv, ov, stream_arg(stream))
+                    : quantize_packed_mxfp4_cuda(xv, mx_rule_arg(rule), ScaleLayout::kRowMajor, pv,
+                                                 sv, stream_arg(stream)));
+}
+
+// Only the bit-exact folds (check_exact_repack); the library's BF16 detour for the other
+// combinations is not exposed, so a caller cannot get requantized operands by mistake.
+void repack_to_operand_cuda_py(const Array& packed, const Array& scales, const std::string& format,
+                               double s_enc, const std::string& recipe, const std::string& role,
+                               const Array& data, const Array& scale, uintptr_t stream) {
+  require_cuda({{&packed, "packed"}, {&scales, "scales"}, {&data, "data"}, {&scale, "scale"}});
+  const bool nv = packed_nvfp4_arg(format);
+  const Recipe r = recipe_arg(recipe);
+  const OperandRole ro = role_arg(role);
+  throw_if_error(check_exact_repack(nv, r, ro));
+  PackedTensor in;
+  in.format = nv ? PackedFormat::kNvfp4 : PackedFormat::kMxfp4;
+  in.packed = to_view(packed, "packed");
+  in.scales = to_view(scales, "scales");
+  in.layout = ScaleLayout::kRowMajor;
+  in.s_enc = static_cast<float>(s_enc);
+  throw_if_error(repack_to_operand_cuda(in, r, ro, OperandOptions{}, to_view(data, "data", true),
+                                        to_view(scale, "scale"), TensorView{}, stream_arg(stream)));
 }
 
 // The GPU append of the paged KV cache (paged_kv_cuda.h). slot_mapping_host: an optional host copy
@@ -113,6 +155,12 @@ void bind_cuda(nb::module_& m) {
   m.def("quantize_operand_cuda", &quantize_operand_cuda_py, arg("x"), arg("recipe"), arg("role"),
         arg("tensor_scale"), arg("smooth_k"), arg("data"), arg("scale"), arg("mean").none(),
         arg("stream"), "GPU kernel operand of one role, launched on `stream`.");
+  m.def("quantize_packed_cuda", &quantize_packed_cuda_py, arg("x"), arg("format"), arg("rule"),
+        arg("s_enc"), arg("packed"), arg("scales"), arg("s_enc_out").none(), arg("stream"),
+        "GPU packed FP4 of a BSHD tensor (row-major scales), launched on `stream`.");
+  m.def("repack_to_operand_cuda", &repack_to_operand_cuda_py, arg("packed"), arg("scales"),
+        arg("format"), arg("s_enc"), arg("recipe"), arg("role"), arg("data"), arg("scale"),
+        arg("stream"), "GPU bit-exact fold of packed FP4 into a Q/K kernel operand, on `stream`.");
   m.def("paged_kv_append_cuda", &paged_kv_append_cuda_py, arg("k"), arg("v"), arg("slot_mapping"),
         arg("k_data"), arg("v_data"), arg("k_scales").none(), arg("v_scales").none(),
         arg("k_global"), arg("v_global"), arg("format"), arg("rule"),

@@ -13,6 +13,7 @@
 #include "fp4attn/operands.h"
 #include "python/args.h"
 #include "python/bindings.h"
+#include "python/packed_host.h"
 #include "python/status_error.h"
 
 namespace fp4attn::py {
@@ -85,6 +86,49 @@ void attention_operands_host(const Array& q_data, const Array& q_scale, const Ar
   throw_if_error(st);
 }
 
+// Packed FP4 storage (packed_host.h): format "nvfp4" (rule: scale_rule_name's) or "mxfp4" (rule
+// "ocp-floor" / "round-up"; s_enc must be 0 and s_enc_out None).
+void quantize_packed_host_py(const Array& x, const std::string& format, const std::string& rule,
+                             double s_enc, const Array& packed, const Array& scales,
+                             const OptArray& s_enc_out) {
+  require_host({{&x, "x"}, {&packed, "packed"}, {&scales, "scales"}});
+  if (s_enc_out) require_host({{&*s_enc_out, "s_enc_out"}});
+  const bool nv = packed_nvfp4_arg(format);
+  if (!nv && (s_enc != 0 || s_enc_out)) {
+    throw nb::value_error("s_enc/s_enc_out: MXFP4 has no tensor scale (pass 0 and None)");
+  }
+  const TensorView xv = to_view(x, "x"), pv = to_view(packed, "packed");
+  const TensorView sv = to_view(scales, "scales"), ov = optional_view(s_enc_out, "s_enc_out");
+  Status st;
+  if (nv) {
+    const Nvfp4ScaleRule r = scale_rule_arg(rule);
+    nb::gil_scoped_release unlocked;
+    st = quantize_packed_nvfp4_host(xv, r, static_cast<float>(s_enc), pv, sv, ov);
+  } else {
+    const MxScaleRule r = mx_rule_arg(rule);
+    nb::gil_scoped_release unlocked;
+    st = quantize_packed_mxfp4_host(xv, r, pv, sv);
+  }
+  throw_if_error(st);
+}
+
+void repack_to_operand_host_py(const Array& packed, const Array& scales, const std::string& format,
+                               double s_enc, const std::string& recipe, const std::string& role,
+                               const Array& data, const Array& scale) {
+  require_host({{&packed, "packed"}, {&scales, "scales"}, {&data, "data"}, {&scale, "scale"}});
+  const bool nv = packed_nvfp4_arg(format);
+  const Recipe r = recipe_arg(recipe);
+  const OperandRole ro = role_arg(role);
+  const TensorView pv = to_view(packed, "packed"), sv = to_view(scales, "scales");
+  const TensorView dv = to_view(data, "data", true), cv = to_view(scale, "scale");
+  Status st;
+  {
+    nb::gil_scoped_release unlocked;
+    st = repack_to_operand_host(pv, sv, nv, static_cast<float>(s_enc), r, ro, dv, cv);
+  }
+  throw_if_error(st);
+}
+
 std::vector<std::pair<std::string, std::string>> recipes() {
   std::vector<std::pair<std::string, std::string>> out;
   for (Recipe r : kAllRecipes) out.emplace_back(recipe_name(r), recipe_summary(r));
@@ -105,6 +149,14 @@ void bind_host(nb::module_& m) {
         arg("k_data"), arg("k_scale"), arg("v_data"), arg("v_scale"), arg("o"), arg("lse").none(),
         arg("recipe"), arg("softmax_scale"), arg("causal"),
         "Attention over kernel operands on the CPU, with the golden model's arithmetic.");
+  m.def("quantize_packed_host", &quantize_packed_host_py, arg("x"), arg("format"), arg("rule"),
+        arg("s_enc"), arg("packed"), arg("scales"), arg("s_enc_out").none(),
+        "Packed FP4 (two E2M1 a byte, row-major block scales) of a BSHD tensor on the CPU: the "
+        "bytes of the GPU quantizers. NVFP4 s_enc 0: from the tensor's amax.");
+  m.def("repack_to_operand_host", &repack_to_operand_host_py, arg("packed"), arg("scales"),
+        arg("format"), arg("s_enc"), arg("recipe"), arg("role"), arg("data"), arg("scale"),
+        "Packed FP4 -> Q/K kernel operand on the CPU, the bit-exact fold of "
+        "repack_to_operand_cuda (other combinations raise NotImplementedError).");
   m.def("recipes", &recipes, "(name, summary) of every recipe.");
   m.def("operand_v_pitch", &operand_v_pitch, arg("seqlen"));
   m.def("operand_scale_tiles", &operand_scale_tiles, arg("seqlen"));

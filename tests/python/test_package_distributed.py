@@ -43,6 +43,8 @@ CASES = {
         "ring-zigzag-fp4-direct": case("ring", 300, "fp4-direct", zigzag=True, h_kv=1),
         "ring-causal-nvfp4-fast": case("ring", 300, "nvfp4-fast", causal=True, zigzag=True),
         "ring-nvfp4-hx": case("ring", 259, "nvfp4-hx"),
+        # Long enough shards that the message size is the format's (the size ratio test).
+        "ring-nvfp4-all-long": case("ring", 2048, "nvfp4-all", h=2, h_kv=1),
         "ulysses-causal-nvfp4": case("ulysses", 333, "nvfp4", causal=True),
         "ulysses-zigzag-mqa-fp8-bhsd": case(
             "ulysses", 301, "fp8", zigzag=True, h_kv=1, dtype=torch.bfloat16, layout="bhsd"
@@ -51,6 +53,10 @@ CASES = {
     4: {
         "ring-causal-zigzag-nvfp4": case("ring", 517, "nvfp4", causal=True, zigzag=True, h=2),
         "ring-fp8-empty-shards": case("ring", 200, "fp8"),
+        "ring-nvfp4-all-empty-shards": case("ring", 200, "nvfp4-all"),
+        "ring-causal-zigzag-mxfp4-empty-shards": case(
+            "ring", 200, "mxfp4", causal=True, zigzag=True
+        ),
         "ring-causal-zigzag-tiny": case("ring", 130, "nvfp4", causal=True, zigzag=True),
         "ulysses-causal-nvfp4": case("ulysses", 517, "nvfp4", causal=True),
         "ulysses-zigzag-fp8": case("ulysses", 300, "fp8", zigzag=True, h=8, h_kv=4),
@@ -90,7 +96,7 @@ def _run_case(c, dist):
 
 def _bits(t):
     """Same-size integers (torch compares no float8 on CPU)."""
-    return t.view(torch.int16 if t.element_size() == 2 else torch.uint8)
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
 def _operand_check(rank, world):
@@ -229,27 +235,66 @@ def test_shards_quantize_to_the_whole_sequence_bytes(world):
     assert all(r["operands"] == [] for r in ranks), [r["operands"] for r in ranks]
 
 
-def test_ring_messages_are_the_quantized_operand_bytes(world):
-    """Every K/V message is the operand bytes: E4M3 K and V (BF16 for the bf16 recipe), one
-    float32 per 128 K tokens; print the ratio to BF16 K/V (what a BF16 ring sends)."""
+def _aligned(n):
+    return -(-n // 16) * 16  # every message part starts 16-byte aligned
+
+
+def _expected_message(recipe, h_kv, n, d=64):
+    """(K bytes, V bytes) of a message holding n tokens, from the formats' definitions:
+    kernel operands (E4M3, BF16 for bf16; K: one float32 per 128 tokens; V^T: tokens padded to
+    16), or packed FP4 (two E2M1 codes a byte; NVFP4: one E4M3 scale per 16 values, MXFP4: one
+    E8M0 per 32 and one extra token, the sequence's amax, which fixes the fold exponent)."""
+    per = 2 if recipe == "bf16" else 1
+    pitch = -(-n // 16) * 16
+    if recipe in ("nvfp4", "nvfp4-hx", "nvfp4-fast", "nvfp4-all", "fp4-direct"):
+        k = _aligned(h_kv * n * d // 2) + _aligned(h_kv * n * d // 16)
+    elif recipe == "mxfp4":
+        k = _aligned(h_kv * (n + 1) * d // 2) + _aligned(h_kv * (n + 1) * d // 32)
+    else:
+        k = _aligned(h_kv * n * d * per) + _aligned(4 * h_kv * -(-n // 128))
+    if recipe == "nvfp4-all":
+        v = _aligned(h_kv * d * pitch // 2) + _aligned(h_kv * d * pitch // 16)
+    else:
+        v = _aligned(h_kv * d * pitch * per)
+    return k, v
+
+
+def test_ring_message_sizes(world):
+    """Every message has the size of its wire format (packed FP4 K for the FP4-K recipes, packed
+    V for nvfp4-all, kernel operands otherwise); print the ratio to BF16 K/V."""
     w, ranks = world
     for name, c in CASES[w].items():
         if c["strategy"] != "ring":
             continue
         lens = [n for n, _ in ranks[0][name][2]]
-        per = 2 if c["recipe"] == "bf16" else 1
         for r, (_, st) in enumerate(ranks[0][name][2]):
             held = [lens[(r - i) % w] for i in range(w - 1)]  # what rank r passes on
-            pitch = [-(-n // 16) * 16 for n in held]  # V's token rows, padded to 16
-            expect = sum(
-                c["h_kv"] * (n * 64 * per + 4 * -(-n // 128) + 64 * p * per)
-                for n, p in zip(held, pitch)
-            )
-            assert st["messages"] == w - 1 and st["bytes_sent"] == expect, (name, r, st)
+            sizes = [_expected_message(c["recipe"], c["h_kv"], n) for n in held]
+            assert st["messages"] == w - 1, (name, r, st)
+            assert st["k_bytes"] == sum(k for k, _ in sizes), (name, r, st)
+            assert st["v_bytes"] == sum(v for _, v in sizes), (name, r, st)
+            assert st["bytes_sent"] == st["k_bytes"] + st["v_bytes"], (name, r, st)
             assert st["bf16_bytes"] == sum(c["h_kv"] * 2 * n * 64 * 2 for n in held)
+            assert st["wire"] == fd.wire_formats(c["recipe"])
         total = sum(st["bytes_sent"] for _, st in ranks[0][name][2])
         bf16 = sum(st["bf16_bytes"] for _, st in ranks[0][name][2])
         print(f"world {w} {name}: sent {total} B, BF16 K/V {bf16} B, ratio {bf16 / total:.3f}")
+
+
+def test_ring_packed_fp4_size_ratio(world):
+    """On long shards the packed messages approach their formats' size ratio to BF16: 2 bytes a
+    value against half a byte plus one E4M3 scale per 16 values (3.56x) for K and V of
+    nvfp4-all."""
+    w, ranks = world
+    if "ring-nvfp4-all-long" not in CASES[w]:
+        pytest.skip("the long case runs on 2 ranks")
+    ideal = 2 / (1 / 2 + 1 / 16)
+    for _, st in ranks[0]["ring-nvfp4-all-long"][2]:
+        assert st["wire"] == {"k": "nvfp4", "v": "nvfp4"}
+        k_ratio = (st["bf16_bytes"] / 2) / st["k_bytes"]
+        ratio = st["bf16_bytes"] / st["bytes_sent"]
+        assert k_ratio >= 0.99 * ideal and k_ratio >= 3.5, k_ratio
+        assert ratio >= 0.99 * ideal and ratio >= 3.5, ratio
 
 
 def test_errors_raise_on_every_rank(world):
@@ -296,6 +341,50 @@ def test_shard_ranges():
                 assert all(a % 128 == 0 for a, _ in flat)  # every chunk starts on a tile
     with pytest.raises(ValueError, match="world_size"):
         fd.shard_ranges(10, 0)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_packed_messages_fold_to_the_shard_operands(world_size):
+    """A message built from one shard (packed FP4 where wire_formats says so), unpacked as a
+    receiver does, gives the bytes quantize_shard gives that shard: for every recipe, zig-zag or
+    not, empty shards included, with an outlier on one shard (the statistics are global)."""
+    q, k, v = qkv(s_q=OPERAND_S, h=4, h_kv=2, d=64, seed=3)
+    k[0, 7, 1, 5] = 40.0
+    v[0, 250, 0, 3] = -30.0
+    amax_k, amax_v = k.abs().amax(1).float(), v.abs().amax(1).float()  # global_amax, one process
+    bad = []
+    for zigzag in (False, True):
+        for r, ranges in enumerate(fd.shard_ranges(OPERAND_S, world_size, zigzag)):
+            idx = torch.cat([torch.arange(a, e) for a, e in ranges])
+            kl, vl = k.index_select(1, idx), v.index_select(1, idx)
+            n = kl.shape[1]
+            for recipe in fp4attn.RECIPES:
+                fmt = fd.wire_formats(recipe)
+                kd, ks, k_ext = fd._quantize_shard(kl, amax_k, recipe, "k")
+                vd, vs = fd.quantize_shard(vl, amax_v, recipe, "v")
+                parts = [kd, ks] if fmt["k"] == "operand" else list(
+                    fd._pack_k(kl, amax_k, recipe, fmt["k"]))
+                parts += [vd] if fmt["v"] == "operand" else list(fd._pack_v(vl, amax_v))
+                buf = fd._to_message(parts)
+                assert buf.numel() == fd.message_bytes(recipe, 1, 2, n, 64)["total"]
+                got = fd._unpack_message(buf, recipe, 1, 2, n, 64, k_ext[:, :, :1])
+                for want, have, what in zip((kd, ks, vd), got, ("k_data", "k_scale", "v_data")):
+                    if want.shape != have.shape or not torch.equal(_bits(want), _bits(have)):
+                        bad.append(f"{recipe}/{what}/zigzag={zigzag}/rank {r} ({n} tokens)")
+    assert not bad, bad
+
+
+def test_wire_formats():
+    assert fd.wire_formats("nvfp4") == {"k": "nvfp4", "v": "operand"}
+    assert fd.wire_formats("mxfp4") == {"k": "mxfp4", "v": "operand"}
+    assert fd.wire_formats("nvfp4-all") == {"k": "nvfp4", "v": "nvfp4"}
+    assert fd.wire_formats("fp4-direct") == {"k": "nvfp4", "v": "operand"}
+    assert fd.wire_formats("fp8") == {"k": "operand", "v": "operand"}
+    with pytest.raises(ValueError, match="recipe"):
+        fd.wire_formats("fp3")
+    big = fd.message_bytes("nvfp4-all", 1, 16, 65536, 128)
+    assert big["k"] == big["v"] == 16 * 65536 * (64 + 8)  # 72 bytes a token and head
+    assert big["bf16"] / big["total"] > 3.55
 
 
 def test_merge_partials_is_nan_free_with_empty_sides():
