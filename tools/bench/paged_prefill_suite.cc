@@ -291,9 +291,15 @@ void run_point(const PrefillOptions& o, int64_t len, KvCacheFormat format, const
 }
 
 std::string record_json(const PrefillOptions& o, const Record& r) {
+  // Built by appends: GCC 12's -Wrestrict misfires on `"literal" + std::string`.
+  std::string name = "b";
+  name += std::to_string(o.b);
+  name += "-c";
+  name += std::to_string(o.chunk);
+  name += "-L";
+  name += std::to_string(r.len);
   JsonObject j;
-  j.str("case",
-        "b" + std::to_string(o.b) + "-c" + std::to_string(o.chunk) + "-L" + std::to_string(r.len))
+  j.str("case", name)
       .str("recipe", kv_cache_format_name(r.format))
       .integer("b", o.b)
       .integer("h", o.h)
