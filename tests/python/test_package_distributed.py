@@ -27,15 +27,19 @@ COLLECTIVE_TIMEOUT_S = 60  # gloo's own timeout for one collective or recv
 
 
 def case(strategy, s, recipe, causal=False, zigzag=False, h=4, h_kv=2, dtype=torch.float32,
-         layout="bshd", seed=0):
+         layout="bshd", seed=0, overlap=False):
     return dict(strategy=strategy, s=s, recipe=recipe, causal=causal, zigzag=zigzag, h=h,
-                h_kv=h_kv, dtype=dtype, layout=layout, seed=seed)
+                h_kv=h_kv, dtype=dtype, layout=layout, seed=seed, overlap=overlap)
 
 
 # Odd lengths throughout: a partial last tile, and with 4 ranks empty shards.
 CASES = {
     2: {
         "ring-causal-zigzag-nvfp4": case("ring", 517, "nvfp4", causal=True, zigzag=True),
+        # Both schedules: attend while the message travels (overlap) and after (the default).
+        "ring-causal-zigzag-nvfp4-overlap": case(
+            "ring", 517, "nvfp4", causal=True, zigzag=True, overlap=True
+        ),
         "ring-fp8-bf16-bhsd": case("ring", 333, "fp8", dtype=torch.bfloat16, layout="bhsd"),
         "ring-causal-contiguous-mxfp4": case("ring", 300, "mxfp4", causal=True),
         "ring-causal-zigzag-bf16": case("ring", 300, "bf16", causal=True, zigzag=True),
@@ -53,6 +57,7 @@ CASES = {
     4: {
         "ring-causal-zigzag-nvfp4": case("ring", 517, "nvfp4", causal=True, zigzag=True, h=2),
         "ring-fp8-empty-shards": case("ring", 200, "fp8"),
+        "ring-fp8-empty-shards-overlap": case("ring", 200, "fp8", overlap=True),
         "ring-nvfp4-all-empty-shards": case("ring", 200, "nvfp4-all"),
         "ring-causal-zigzag-mxfp4-empty-shards": case(
             "ring", 200, "mxfp4", causal=True, zigzag=True
@@ -83,10 +88,13 @@ def _run_case(c, dist):
     q, k, v = inputs(c)
     sd = seq_dim(c)
     local = [fd.shard(t, zigzag=c["zigzag"], seq_dim=sd) for t in (q, k, v)]
-    fn = fd.ring_attn_func if c["strategy"] == "ring" else fd.ulysses_attn_func
     stats = {}
-    o, lse = fn(*local, causal=c["causal"], recipe=c["recipe"], return_lse=True,
-                layout=c["layout"], zigzag=c["zigzag"], stats=stats)
+    kw = dict(causal=c["causal"], recipe=c["recipe"], return_lse=True, layout=c["layout"],
+              zigzag=c["zigzag"], stats=stats)
+    if c["strategy"] == "ring":
+        o, lse = fd.ring_attn_func(*local, overlap=c["overlap"], **kw)
+    else:
+        o, lse = fd.ulysses_attn_func(*local, **kw)
     o = fd.unshard(o, zigzag=c["zigzag"], seq_dim=sd)
     lse = fd.unshard(lse, zigzag=c["zigzag"], seq_dim=2)
     every = [None] * dist.get_world_size()

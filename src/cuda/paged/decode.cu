@@ -193,6 +193,9 @@ Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedK
     if ((int64_t{1} << s) == kv.page_size) p.page_shift = s;
   }
   p.pages16 = kv.page_size % 16 == 0;
+  p.k_scales_u16 = p.k.scales != nullptr && reinterpret_cast<uintptr_t>(p.k.scales) % 2 == 0 &&
+                   p.k.scales_s[0] % 2 == 0 && p.k.scales_s[1] % 2 == 0 &&
+                   p.k.scales_s[2] % 2 == 0;
   p.num_pages = static_cast<int32_t>(kv.num_pages);
   p.max_pages = static_cast<int32_t>(std::min<int64_t>(qs.max_pages, INT32_MAX));
   p.h = static_cast<int32_t>(qs.h);

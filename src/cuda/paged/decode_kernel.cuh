@@ -27,10 +27,15 @@ constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kDecodeRows = 16;  // MMA M: query rows of a row block
 constexpr int kDecodeTile = 16;  // keys per warp tile
 // CTAs per SM the register allocation must allow (__launch_bounds__): d = 64: 4 (<= 128
-// registers); d = 128: NVFP4 3 (<= 168), FP8 2 (it needs 16 values per clock, not 29, and its
-// raw tiles are twice as large: 3 would spill).
+// registers); d = 128: 2 (FP8: its raw tiles are twice as large, 3 would spill; NVFP4: 3 (<= 168
+// registers) spilled in the loop once the scale bytes stayed apart, and measured 1.03 ms against
+// 0.77 ms with 2 at b = 32, L = 32k).
+// FP4ATTN_DECODE_NVFP4_D128_CTAS overrides the NVFP4 d = 128 figure (an experiment switch).
+#ifndef FP4ATTN_DECODE_NVFP4_D128_CTAS
+#define FP4ATTN_DECODE_NVFP4_D128_CTAS 2
+#endif
 template <int D, bool kFp4>
-constexpr int kDecodeMinBlocks = D == 64 ? 4 : (kFp4 ? 3 : 2);
+constexpr int kDecodeMinBlocks = D == 64 ? 4 : (kFp4 ? FP4ATTN_DECODE_NVFP4_D128_CTAS : 2);
 
 // One side (K or V) of the cache, byte strides (page, token, head).
 struct DecodeSide {
@@ -53,6 +58,7 @@ struct DecodeParams {
   const int32_t* seq_lens;
   int32_t page_size, page_shift;  // page_shift: log2(page_size), or -1
   bool pages16;                   // page_size % 16 == 0: a 16-key tile is inside one page
+  bool k_scales_u16;  // NVFP4, d = 128: K scale address and strides even (one 16-bit load)
   int32_t num_pages, max_pages;
   int32_t h, group;
   float scale_log2;  // softmax_scale * log2(e)
@@ -127,8 +133,11 @@ struct RawTile {
   static constexpr int kVWords = kFp4 ? D / 64 : D / 32;
   uint32_t k[2][kKWords];
   uint32_t v[4][kVWords];
-  uint32_t ks;  // NVFP4 K scales: bytes (key g: blocks 0[, 1]; key g + 8: ...)
-  uint32_t vs;  // NVFP4 V scales: one byte per key, keys in the order above
+  // NVFP4 scale bytes, one per register as loaded: combining them at load time (shifts, ORs)
+  // made the warp wait for the loads right there, which undid the prefetch (ncu: 60% of the
+  // kernel's stalls were long-scoreboard waits on those shifts). compute_tile combines them.
+  uint32_t ks[2];  // K: key slot j, its one (d = 64) or two (d = 128, low byte first) blocks
+  uint32_t vs[4];  // V: one per key, keys in the order above
 };
 
 template <int N>
@@ -220,9 +229,11 @@ __device__ __forceinline__ void load_k_key(const DecodeParams& p, const PageBase
   if constexpr (kFp4) {
     const uint8_t* sc = pb.ks + (tok * static_cast<int32_t>(p.k.scales_s[1]) + lo.ks);
     if constexpr (D == 128) {
-      r.ks |= (uint32_t(__ldg(sc)) | uint32_t(__ldg(sc + 1)) << 8) << (16 * j);
+      // Two bytes; the fallback's combine waits for its loads (rare layouts only).
+      r.ks[j] = p.k_scales_u16 ? __ldg(reinterpret_cast<const uint16_t*>(sc))
+                               : uint32_t(__ldg(sc)) | uint32_t(__ldg(sc + 1)) << 8;
     } else {
-      r.ks |= uint32_t(__ldg(sc)) << (8 * j);
+      r.ks[j] = __ldg(sc);
     }
   }
 }
@@ -232,8 +243,7 @@ __device__ __forceinline__ void load_v_key(const DecodeParams& p, const PageBase
                                            const LaneOffsets& lo, int j, RawTile<D, kFp4>& r) {
   load_words(r.v[j], pb.vd + (tok * static_cast<int32_t>(p.v.data_s[1]) + lo.vd));
   if constexpr (kFp4) {
-    r.vs |= uint32_t(__ldg(pb.vs + (tok * static_cast<int32_t>(p.v.scales_s[1]) + lo.vs)))
-            << (8 * j);
+    r.vs[j] = __ldg(pb.vs + (tok * static_cast<int32_t>(p.v.scales_s[1]) + lo.vs));
   }
 }
 
@@ -250,8 +260,11 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, int b, int hk, 
   int hk_o = hk, g_o = g, t_o = t;
   asm volatile("" : "+r"(hk_o), "+r"(g_o), "+r"(t_o));
   const LaneOffsets lo = lane_offsets<D, kFp4>(p, hk_o, g_o, t_o);
-  r.ks = 0;
-  r.vs = 0;
+  if constexpr (kFp4) {
+    r.ks[0] = r.ks[1] = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) r.vs[j] = 0;
+  }
 #pragma unroll
   for (int j = 0; j < 2; ++j) zero_words(r.k[j]);
 #pragma unroll
@@ -329,7 +342,7 @@ __device__ __forceinline__ void compute_tile(const RawTile<D, kFp4>& r,
       for (int i = 0; i < D / 32; ++i) {
         // Word i: channels (d/4) t + 8 i .. + 8, scale block ((d/4) t + 8 i) / 16.
         const int blk = D == 128 ? (i >> 1) : 0;
-        const uint32_t code = (r.ks >> (D == 128 ? 16 * j + 8 * blk : 8 * j)) & 0xFFu;
+        const uint32_t code = (r.ks[j] >> (8 * blk)) & 0xFFu;
         const uint32_t sc = scale_pair_bf16(code | code << 8);
         uint32_t w[4];
         e2m1x8_to_bf16(r.k[j][i], w);
@@ -395,7 +408,8 @@ __device__ __forceinline__ void compute_tile(const RawTile<D, kFp4>& r,
                           pack_bf16x2(s[1][0], s[1][1]), pack_bf16x2(s[1][2], s[1][3])};
   // O += P V: keys (2t, 2t+1) -> b0, (2t+8, 2t+9) -> b1; n-tile j = the lane group's channel j.
   if constexpr (kFp4) {
-    const uint32_t sc0 = scale_pair_bf16(r.vs & 0xFFFFu), sc1 = scale_pair_bf16(r.vs >> 16);
+    const uint32_t sc0 = scale_pair_bf16(r.vs[0] | r.vs[1] << 8);
+    const uint32_t sc1 = scale_pair_bf16(r.vs[2] | r.vs[3] << 8);
 #pragma unroll
     for (int i = 0; i < D / 64; ++i) {
 #pragma unroll
