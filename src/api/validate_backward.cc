@@ -73,9 +73,8 @@ Status validate_backward_operands(const ForwardOperands& in, const ForwardOption
 
 Status validate_backward_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                                 const ForwardOptions& opt, const TensorView& o,
-                                const TensorView& lse, const TensorView& dout,
-                                const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                                ForwardShape* shape) {
+                                const TensorView& lse, const TensorView& dout, const TensorView& dq,
+                                const TensorView& dk, const TensorView& dv, ForwardShape* shape) {
   FP4ATTN_RETURN_IF_ERROR(check_recipe(opt));
   if (!lse.defined()) {
     return Status::Invalid("lse: required (the forward's FP32 LSE [b, h, s_q])");

@@ -20,8 +20,7 @@ Status validate_backward_operands(const ForwardOperands& in, const ForwardOption
 // BSHD q/k/v (as validate_forward_inputs), then the same checks of o, lse, dout and gradients.
 Status validate_backward_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
                                 const ForwardOptions& opt, const TensorView& o,
-                                const TensorView& lse, const TensorView& dout,
-                                const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                                ForwardShape* shape);
+                                const TensorView& lse, const TensorView& dout, const TensorView& dq,
+                                const TensorView& dk, const TensorView& dv, ForwardShape* shape);
 
 }  // namespace fp4attn

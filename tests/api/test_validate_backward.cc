@@ -77,8 +77,8 @@ void expect_error(const Status& st, const std::string& needle) {
 TEST(ValidateBackward, AcceptsWellFormedProblems) {
   Problem pb;
   ForwardShape sh;
-  Status st = validate_backward_operands(pb.in, pb.opt, pb.to, pb.tl, pb.tdo, pb.tdq, pb.tdk,
-                                         pb.tdv, &sh);
+  Status st =
+      validate_backward_operands(pb.in, pb.opt, pb.to, pb.tl, pb.tdo, pb.tdq, pb.tdk, pb.tdv, &sh);
   ASSERT_TRUE(st.ok()) << st.message();
   EXPECT_EQ(sh.s_k, 300);
   EXPECT_EQ(sh.h_kv, 2);
@@ -95,8 +95,8 @@ TEST(ValidateBackward, RecipesOutsideTheExp2FamilyAreUnsupported) {
     Problem pb;
     pb.opt.recipe = r;
     const Status st = pb.check_operands();
-    const bool want = r == Recipe::kFp8 || r == Recipe::kNvfp4 || r == Recipe::kNvfp4Hx ||
-                      r == Recipe::kMxfp4;
+    const bool want =
+        r == Recipe::kFp8 || r == Recipe::kNvfp4 || r == Recipe::kNvfp4Hx || r == Recipe::kMxfp4;
     EXPECT_EQ(st.ok(), want) << recipe_name(r) << ": " << st.message();
     if (!want) {
       EXPECT_TRUE(st.unsupported()) << recipe_name(r);

@@ -3,8 +3,8 @@
 // range and the permuted query order of the transposed operands are what the kernel assumes.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>

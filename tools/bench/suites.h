@@ -37,4 +37,7 @@ int fwd_main(int argc, char** argv, const std::string& command);
 // `fp4attn_bench decode ...` (decode_suite.cc), built with the CUDA library only.
 int decode_main(int argc, char** argv, const std::string& command);
 
+// `fp4attn_bench bwd ...` (bwd_suite.cc), built with the CUDA library only.
+int bwd_main(int argc, char** argv, const std::string& command);
+
 }  // namespace fp4attn::bench

@@ -21,13 +21,26 @@ constexpr int kPLiftLog2 = 8;  // the P operand is E4M3(2^8 p)
 // Slots of the per-(batch, head) amax record.
 enum AmaxSlot { kAmaxDo = 0, kAmaxDoFv = 1, kAmaxDsK = 2, kAmaxDsQ = 3, kAmaxSlots = 4 };
 
+// ceil(log2 x) of a positive finite float, from its bits (exact, no library call).
+FP4ATTN_HD int ceil_log2_bits(float x) {
+  union {
+    float f;
+    uint32_t u;
+  } v{x};
+  const int e = int(v.u >> 23), m = int(v.u & 0x7FFFFFu);
+  if (e == 0) {  // subnormal: m * 2^-149
+    int top = 31;
+    while (!((uint32_t(m) >> top) & 1u)) --top;
+    return top - 149 + ((m & (m - 1)) != 0 ? 1 : 0);
+  }
+  return e - 127 + (m != 0 ? 1 : 0);
+}
+
 // e such that amax * 2^e lies in (2^(top - 1), 2^top]; 0 when amax is 0 or not finite: the
-// FP32 twin of golden::pow2_scale_exp (exact: frexp gives the binade).
+// FP32 twin of golden::pow2_scale_exp.
 FP4ATTN_HD int pow2_scale_exp(float amax, int top) {
   if (!(amax > 0.f) || !(amax <= 3.402823466e38f)) return 0;
-  int e = 0;
-  const float m = frexpf(amax, &e);  // amax = m * 2^e, m in [0.5, 1)
-  return top - (m == 0.5f ? e - 1 : e);
+  return top - ceil_log2_bits(amax);
 }
 
 // 2^e as a float for e in [-126, 127].

@@ -123,9 +123,9 @@ Status zero_kv_grads(const TensorView& dk, const TensorView& dv, cudaStream_t st
     if (!t->is_contiguous()) {
       return Status::Unsupported("dk/dv: s_q = 0 needs contiguous gradients to zero them");
     }
-    FP4ATTN_RETURN_IF_ERROR(cuda_status(
-        cudaMemsetAsync(t->data, 0, size_t(t->numel()) * dtype_size(t->dtype), stream),
-        "zeroing dk/dv"));
+    FP4ATTN_RETURN_IF_ERROR(
+        cuda_status(cudaMemsetAsync(t->data, 0, size_t(t->numel()) * dtype_size(t->dtype), stream),
+                    "zeroing dk/dv"));
   }
   return Status::Ok();
 }
@@ -150,8 +150,7 @@ Status attention_backward_cuda(const TensorView& q, const TensorView& k, const T
                                const TensorView& dk, const TensorView& dv,
                                const BackwardCudaOptions& bopt, cudaStream_t stream) {
   ForwardShape sh;
-  FP4ATTN_RETURN_IF_ERROR(
-      validate_backward_inputs(q, k, v, opt, o, lse, dout, dq, dk, dv, &sh));
+  FP4ATTN_RETURN_IF_ERROR(validate_backward_inputs(q, k, v, opt, o, lse, dout, dq, dk, dv, &sh));
   FP4ATTN_RETURN_IF_ERROR(check_forward_device());
   if (sh.s_q == 0) return zero_kv_grads(dk, dv, stream);
   if (sh.b == 0 || sh.h == 0) return Status::Ok();
@@ -163,8 +162,8 @@ Status attention_backward_cuda(const TensorView& q, const TensorView& k, const T
   const int64_t qs = sh.b * sh.h * operand_scale_tiles(sh.s_q);
   const int64_t ks = sh.b * sh.h_kv * operand_scale_tiles(sh.s_k);
   const int64_t vs = sh.b * sh.h_kv * sh.d;
-  const int64_t bytes = round256(qd) + round256(kd) + round256(vd) +
-                        round256(4 * qs) + round256(4 * ks) + round256(4 * vs);
+  const int64_t bytes = round256(qd) + round256(kd) + round256(vd) + round256(4 * qs) +
+                        round256(4 * ks) + round256(4 * vs);
   void* scratch = nullptr;
   FP4ATTN_RETURN_IF_ERROR(
       cuda_status(cudaMallocAsync(&scratch, size_t(bytes), stream), "operand scratch"));

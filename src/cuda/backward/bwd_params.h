@@ -8,9 +8,9 @@ namespace fp4attn::bwd {
 
 struct BwdParams {
   // The forward's operands (operands.h layouts).
-  const uint8_t* q;   // [b, h, s_q, d] E4M3
-  const uint8_t* k;   // [b, h_kv, s_k, d] E4M3
-  const uint8_t* vt;  // [b, h_kv, d, vt_pitch] E4M3, keys permuted in 16-groups
+  const uint8_t* q;      // [b, h, s_q, d] E4M3
+  const uint8_t* k;      // [b, h_kv, s_k, d] E4M3
+  const uint8_t* vt;     // [b, h_kv, d, vt_pitch] E4M3, keys permuted in 16-groups
   const float* q_scale;  // [b, h, ceil(s_q / 128)]
   const float* k_scale;  // [b, h_kv, ceil(s_k / 128)]
   const float* v_scale;  // [b, h_kv, d]
@@ -23,13 +23,13 @@ struct BwdParams {
   int64_t lse_stride[2];
 
   // Workspace.
-  float* dsum;      // D [b, h, s_q]
-  float* amax;      // [b * h][kAmaxSlots], zeroed before the first kernel
-  uint8_t* do_v;    // [b, h, s_q_pad, d] E5M2(2^g' dO * v_scale[channel]), pad rows 0
-  uint8_t* do_t;    // [b, h, d, s_q_pad] E5M2(2^g dO), queries permuted, pad 0
-  uint8_t* q_t;     // [b, h, d, s_q_pad] Q's E4M3 bytes, queries permuted, pad 0
-  float* dq_acc;    // [b, h, s_q, d], zeroed; units 2^-h_dq (dS's scale), times softmax_scale
-  int* dq_turn;     // [b, h, s_q_pad / 32], zeroed (deterministic mode)
+  float* dsum;    // D [b, h, s_q]
+  float* amax;    // [b * h][kAmaxSlots], zeroed before the first kernel
+  uint8_t* do_v;  // [b, h, s_q_pad, d] E5M2(2^g' dO * v_scale[channel]), pad rows 0
+  uint8_t* do_t;  // [b, h, d, s_q_pad] E5M2(2^g dO), queries permuted, pad 0
+  uint8_t* q_t;   // [b, h, d, s_q_pad] Q's E4M3 bytes, queries permuted, pad 0
+  float* dq_acc;  // [b, h, s_q, d], zeroed; units 2^-h_dq (dS's scale), times softmax_scale
+  int* dq_turn;   // [b, h, s_q_pad / 32], zeroed (deterministic mode)
 
   // Gradients: BSHD, strides in elements (batch, seq, head); *_f32: FP32 else BF16.
   void* dq;
@@ -39,9 +39,9 @@ struct BwdParams {
   bool dq_f32, dk_f32, dv_f32;
 
   int b, h, h_kv, s_q, s_k, s_q_pad, vt_pitch;
-  int key_blocks;          // ceil(s_k / 64)
-  float softmax_scale;     // the forward's scale
-  float scale_log2;        // softmax_scale * log2(e)
+  int key_blocks;       // ceil(s_k / 64)
+  float softmax_scale;  // the forward's scale
+  float scale_log2;     // softmax_scale * log2(e)
   bool causal, deterministic;
 };
 

@@ -24,8 +24,8 @@ constexpr int kMainThreads = 128;
 
 template <int D>
 struct alignas(16) MainSmem {
-  static constexpr int kRowPitch = D + 16;               // [token][channel]
-  static constexpr int kKeyPitch = kBlockKeys + 16;      // [channel][key], [query][key]
+  static constexpr int kRowPitch = D + 16;                // [token][channel]
+  static constexpr int kKeyPitch = kBlockKeys + 16;       // [channel][key], [query][key]
   static constexpr int kQueryPitch = kBlockQueries + 16;  // [channel][query position]
   uint8_t k[kBlockKeys * kRowPitch];
   uint8_t v[kBlockKeys * kRowPitch];
@@ -60,6 +60,28 @@ __device__ __forceinline__ void pass_turn(int* turn) {
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) atomicAdd(turn, 1);
+}
+
+// dK and dV of this key block, summed over the group, in the gradients' dtype: rows key0 and
+// key0 + 8 of the accumulators.
+template <int D>
+__device__ __forceinline__ void store_kv_grads(const BwdParams& p, const float (&acc_dk)[D / 8][4],
+                                               const float (&acc_dv)[D / 8][4], int u_dk, int u_dv,
+                                               int bb, int hk, int key0, int t) {
+#pragma unroll
+  for (int nb = 0; nb < D / 8; ++nb) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t key = key0 + 8 * (e / 2);
+      const int c = nb * 8 + 2 * t + (e % 2);
+      if (key < p.s_k) {
+        store_grad(p.dk, bb * p.dk_stride[0] + key * p.dk_stride[1] + hk * p.dk_stride[2] + c,
+                   p.dk_f32, mul_pow2(acc_dk[nb][e], u_dk) * p.softmax_scale);
+        store_grad(p.dv, bb * p.dv_stride[0] + key * p.dv_stride[1] + hk * p.dv_stride[2] + c,
+                   p.dv_f32, mul_pow2(acc_dv[nb][e], u_dv));
+      }
+    }
+  }
 }
 
 template <int D, bool kAmax>
@@ -179,7 +201,9 @@ __global__ void __launch_bounds__(kMainThreads) bwd_main_kernel(BwdParams p) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.f;
       }
-#pragma unroll
+      // Unrolled unless d = 128's gradient pass, where the dK/dV sums leave no room for it.
+      constexpr int kUnrollK = (kAmax || D == 64) ? D / 32 : 1;
+#pragma unroll kUnrollK
       for (int kk = 0; kk < D; kk += 32) {
         uint32_t ak[4], av[4];
         load_a(ak, sm.k, kRowP, warp * 16, kk);
@@ -214,7 +238,7 @@ __global__ void __launch_bounds__(kMainThreads) bwd_main_kernel(BwdParams p) {
           }
         }
       }
-      if (kAmax) continue;
+      if constexpr (kAmax) continue;
 
       {
         uint32_t ap[4], ad[4];
@@ -232,35 +256,40 @@ __global__ void __launch_bounds__(kMainThreads) bwd_main_kernel(BwdParams p) {
       __syncthreads();  // dS of every warp is in shared memory
 
       // dQ of this query block from this key block: warp w takes queries 16(w % 2).. and
-      // channels (w / 2) * D/2 ...
-      constexpr int kNb = D / 16;
-      const int mt = warp % 2, nbase = (warp / 2) * kNb;
-      float dq[kNb][4];
-#pragma unroll
-      for (int j = 0; j < kNb; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dq[j][e] = 0.f;
-      }
-#pragma unroll
-      for (int kk = 0; kk < kBlockKeys; kk += 32) {
-        uint32_t a[4];
-        load_a(a, sm.ds, kKeyP, mt * 16, kk);
-#pragma unroll
-        for (int j = 0; j < kNb; ++j) {
-          uint32_t b0, b1;
-          load_b(b0, b1, sm.kt, kKeyP, (nbase + j) * 8, kk);
-          mma_e4m3_e4m3(dq[j], a, b0, b1);
-        }
-      }
+      // channels (w / 2) * D/2 .., in two halves of D/4 channels (registers: the dK/dV sums
+      // stay live throughout).
+      constexpr int kNb = D / 32;
+      const int mt = warp % 2;
       int* turn = p.dq_turn + bh * (p.s_q_pad / kBlockQueries) + mb;
       if (p.deterministic) wait_turn(turn, n);
+#pragma unroll 1
+      for (int half = 0; half < 2; ++half) {
+        const int nbase = (warp / 2) * 2 * kNb + half * kNb;
+        float dq[kNb][4];
 #pragma unroll
-      for (int j = 0; j < kNb; ++j) {
+        for (int j = 0; j < kNb; ++j) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t i = q0 + mt * 16 + g + 8 * (e / 2);
-          const int c = (nbase + j) * 8 + 2 * t + (e % 2);
-          if (i < p.s_q) atomicAdd(p.dq_acc + (bh * p.s_q + i) * D + c, dq[j][e]);
+          for (int e = 0; e < 4; ++e) dq[j][e] = 0.f;
+        }
+#pragma unroll
+        for (int kk = 0; kk < kBlockKeys; kk += 32) {
+          uint32_t a[4];
+          load_a(a, sm.ds, kKeyP, mt * 16, kk);
+#pragma unroll
+          for (int j = 0; j < kNb; ++j) {
+            uint32_t b0, b1;
+            load_b(b0, b1, sm.kt, kKeyP, (nbase + j) * 8, kk);
+            mma_e4m3_e4m3(dq[j], a, b0, b1);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kNb; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int64_t i = q0 + mt * 16 + g + 8 * (e / 2);
+            const int c = (nbase + j) * 8 + 2 * t + (e % 2);
+            if (i < p.s_q) atomicAdd(p.dq_acc + (bh * p.s_q + i) * D + c, dq[j][e]);
+          }
         }
       }
       if (p.deterministic) pass_turn(turn);
@@ -276,22 +305,8 @@ __global__ void __launch_bounds__(kMainThreads) bwd_main_kernel(BwdParams p) {
       }
     }
   }
-  if (kAmax) return;
-
-  // dK and dV of this key block, summed over the group, in the gradients' dtype.
-#pragma unroll
-  for (int nb = 0; nb < D / 8; ++nb) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int64_t key = n0 + warp * 16 + g + 8 * (e / 2);
-      const int c = nb * 8 + 2 * t + (e % 2);
-      if (key < p.s_k) {
-        store_grad(p.dk, bb * p.dk_stride[0] + key * p.dk_stride[1] + hk * p.dk_stride[2] + c,
-                   p.dk_f32, mul_pow2(acc_dk[nb][e], u_dk) * p.softmax_scale);
-        store_grad(p.dv, bb * p.dv_stride[0] + key * p.dv_stride[1] + hk * p.dv_stride[2] + c,
-                   p.dv_f32, mul_pow2(acc_dv[nb][e], u_dv));
-      }
-    }
+  if constexpr (!kAmax) {
+    store_kv_grads<D>(p, acc_dk, acc_dv, u_dk, u_dv, bb, hk, n0 + warp * 16 + g, t);
   }
 }
 

@@ -33,9 +33,8 @@ __global__ void __launch_bounds__(kThreads) prep_quant_kernel(BwdParams p) {
     const int64_t i = int64_t(blk) * kBlockQueries + il;
     uint8_t v1 = 0, v2 = 0, qb = 0;
     if (i < p.s_q) {
-      const float g =
-          load16(p.dout + bb * p.do_stride[0] + i * p.do_stride[1] + hh * p.do_stride[2] + c,
-                 p.do_f16);
+      const float g = load16(
+          p.dout + bb * p.do_stride[0] + i * p.do_stride[1] + hh * p.do_stride[2] + c, p.do_f16);
       v1 = float_to_e5m2(mul_pow2(g * fv[c], g_dp));
       v2 = float_to_e5m2(mul_pow2(g, g_do));
       qb = p.q[(bh * p.s_q + i) * D + c];
@@ -50,7 +49,8 @@ __global__ void __launch_bounds__(kThreads) prep_quant_kernel(BwdParams p) {
   for (int idx = threadIdx.x; idx < D * kWords; idx += kThreads) {
     const int c = idx / kWords, w = idx % kWords;
     const int64_t off = (bh * D + c) * p.s_q_pad + int64_t(blk) * kBlockQueries + 4 * w;
-    *reinterpret_cast<uint32_t*>(p.do_t + off) = *reinterpret_cast<const uint32_t*>(&t_do[c][4 * w]);
+    *reinterpret_cast<uint32_t*>(p.do_t + off) =
+        *reinterpret_cast<const uint32_t*>(&t_do[c][4 * w]);
     *reinterpret_cast<uint32_t*>(p.q_t + off) = *reinterpret_cast<const uint32_t*>(&t_q[c][4 * w]);
   }
 }

@@ -1,9 +1,9 @@
 // Backward preprocess, pass 1: one warp per row (batch, query, head) of dO and O:
 // D = sum_c dO_c O_c in FP32, and the row's max |dO| and max |dO_c v_scale_c| folded into the
 // (batch, head) amax record (order-independent integer max: deterministic).
+#include "cuda/backward/bwd_bits.h"
 #include "cuda/backward/bwd_device.cuh"
 #include "cuda/backward/bwd_kernels.h"
-#include "cuda/backward/bwd_bits.h"
 
 namespace fp4attn::bwd {
 namespace {
