@@ -31,6 +31,7 @@ void usage(FILE* f) {
       "       fp4attn_bench fwd [options]   (fp4attn_bench fwd --help)\n"
       "       fp4attn_bench decode [options]   (fp4attn_bench decode --help)\n"
       "       fp4attn_bench paged-prefill [options]   (fp4attn_bench paged-prefill --help)\n"
+      "       fp4attn_bench bwd [options]   (fp4attn_bench bwd --help)\n"
       "  --out FILE        JSON output (default quantize.json)\n"
       "  --sizes LIST      BF16 input sizes, e.g. 16M,256M,1G,2G (the default)\n"
       "  --quick           16M,256M and fewer repetitions\n"
@@ -122,6 +123,14 @@ int main(int argc, char** argv) {
     return fp4attn::bench::paged_prefill_main(argc - first_option, argv + first_option, command);
 #else
     std::fprintf(stderr, "fp4attn_bench: the paged-prefill suite needs the CUDA library\n");
+    return 2;
+#endif
+  }
+  if (suite == "bwd") {
+#ifdef FP4ATTN_BENCH_HAVE_DECODE
+    return fp4attn::bench::bwd_main(argc - first_option, argv + first_option, command);
+#else
+    std::fprintf(stderr, "fp4attn_bench: the bwd suite needs the CUDA library (not built)\n");
     return 2;
 #endif
   }

@@ -39,5 +39,7 @@ int decode_main(int argc, char** argv, const std::string& command);
 
 // `fp4attn_bench paged-prefill ...` (paged_prefill_suite.cc), built with the CUDA library only.
 int paged_prefill_main(int argc, char** argv, const std::string& command);
+// `fp4attn_bench bwd ...` (bwd_suite.cc), built with the CUDA library only.
+int bwd_main(int argc, char** argv, const std::string& command);
 
 }  // namespace fp4attn::bench

@@ -1,0 +1,26 @@
+// Argument checks of the GPU backward (include/fp4attn/attention_bwd_cuda.h), on the host so that
+// they are tested on machines without a GPU.
+#pragma once
+
+#include "api/validate_forward.h"
+#include "fp4attn/attention.h"
+#include "fp4attn/attention_bwd.h"
+
+namespace fp4attn {
+
+// The recipes the GPU backward runs: the exp2 recipes whose P is rebuilt from the LSE.
+bool backward_recipe_supported(Recipe recipe);
+
+// Operands (as validate_forward_operands), o, lse (required), dout, dq/dk/dv; fills `shape`.
+Status validate_backward_operands(const ForwardOperands& in, const ForwardOptions& opt,
+                                  const TensorView& o, const TensorView& lse,
+                                  const TensorView& dout, const TensorView& dq,
+                                  const TensorView& dk, const TensorView& dv, ForwardShape* shape);
+
+// BSHD q/k/v (as validate_forward_inputs), then the same checks of o, lse, dout and gradients.
+Status validate_backward_inputs(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const ForwardOptions& opt, const TensorView& o,
+                                const TensorView& lse, const TensorView& dout, const TensorView& dq,
+                                const TensorView& dk, const TensorView& dv, ForwardShape* shape);
+
+}  // namespace fp4attn

@@ -1,0 +1,354 @@
+// The GPU backward (attention_bwd_cuda.h) against the CPU golden backward with the GPU's FP8
+// arithmetic (BackwardArithmetic::kEmulatedFp8) and against the float64 backward: causal and
+// not, GQA, d 64 and 128, odd lengths, s_q != s_k, poisoned outputs, BF16 outputs,
+// deterministic mode, bad input before any launch. The forward's O and LSE come from the GPU
+// forward and are given to both backwards, so only the backward is compared. Fresh random inputs
+// each run (the seed is printed on failure). Skips when no GPU is present.
+//
+// Filters: 'BwdGpu.*', 'Shapes/BwdGpuShapes.*'.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/half.h"
+#include "fp4attn/attention_bwd_cuda.h"
+#include "fp4attn/attention_cuda.h"
+#include "fp4attn/golden_backward.h"
+#include "fp4attn/metrics.h"
+#include "gpu_test_util.h"
+
+namespace fp4attn {
+namespace {
+
+// GPU vs golden kEmulatedFp8 (same operands, same scales, same roundings). What differs:
+//  * FP32 accumulation of the MMAs (Hopper's FP8 MMA adds with ~13-14 mantissa bits) against
+//    float64 sums: relative error ~1e-4 of dP and S;
+//  * exp2f and the FP32 score transform: p moves by ~|z| 2^-23 ~ 1e-5 relative;
+//  * these move P and dS before their E4M3 rounding: an element within ~1e-4 of a rounding
+//    boundary flips one E4M3 step (1/8 of its value at most); with steps 2^-3 apart in relative
+//    terms that is ~2e-4 / 2^-3 ~ 2e-3 of the elements. The gradient is a sum of such products, so
+//    its rel-L2 moves by ~sqrt(2e-3) * 1/8 ~ 6e-3, the MMA's own 1e-4 being negligible;
+//  * dP - D cancels: dS of rows where dP ~ D carries dP's absolute error, small in L2.
+// Bound: 3x that estimate. Gradients with few elements average fewer flips: looser bound.
+constexpr double kMaxRelL2VsGolden = 0.02;
+constexpr double kMaxRelL2VsGoldenSmall = 0.05;
+constexpr int64_t kSmallGradient = 16384;
+// The golden model's emulated gradients are within rel-L2 0.06 of float64 (numerics.md §8), i.e.
+// cosine ~0.998; the issue's target for nvfp4 is 0.99.
+constexpr double kMinCosVsF64 = 0.99;
+
+uint64_t fresh_seed() {
+  std::random_device rd;
+  return (uint64_t(rd()) << 32) ^ rd();
+}
+
+template <typename T>
+struct DeviceArray {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit DeviceArray(size_t count) : n(count) {
+    if (cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T)) != cudaSuccess) ptr = nullptr;
+  }
+  ~DeviceArray() { cudaFree(ptr); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  void upload(const std::vector<T>& v) {
+    ASSERT_EQ(cudaMemcpy(ptr, v.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<T> download() const {
+    std::vector<T> v(n);
+    EXPECT_EQ(cudaMemcpy(v.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+  void poison(uint8_t byte) { ASSERT_EQ(cudaMemset(ptr, byte, n * sizeof(T)), cudaSuccess); }
+};
+
+struct Problem {
+  int64_t b, s_q, s_k, h, h_kv, d;
+  bool causal;
+  Recipe recipe = Recipe::kFp8;
+  std::string name() const {
+    std::ostringstream os;
+    os << "b" << b << "_sq" << s_q << "_sk" << s_k << "_h" << h << "_hkv" << h_kv << "_d" << d
+       << (causal ? "_causal" : "");
+    std::string r = recipe_name(recipe);
+    for (char& ch : r) ch = ch == '-' ? '_' : ch;
+    os << "_" << r;
+    return os.str();
+  }
+  int64_t nq() const { return b * s_q * h * d; }
+  int64_t nk() const { return b * s_k * h_kv * d; }
+};
+
+std::vector<uint16_t> random_bf16(int64_t n, std::mt19937_64& rng, float sigma) {
+  std::normal_distribution<float> dist(0.f, sigma);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = float_to_bf16_bits(dist(rng));
+  return v;
+}
+
+// Host inputs and the GPU forward's saved O / LSE.
+struct Inputs {
+  std::vector<uint16_t> q, k, v, dout, o;
+  std::vector<float> lse;
+};
+
+Inputs make_inputs(const Problem& pb, std::mt19937_64& rng) {
+  Inputs in;
+  in.q = random_bf16(pb.nq(), rng, 1.f);
+  in.k = random_bf16(pb.nk(), rng, 1.f);
+  in.v = random_bf16(pb.nk(), rng, 1.f);
+  in.dout = random_bf16(pb.nq(), rng, 1e-3f);  // small, as a loss gradient: the scales absorb it
+  return in;
+}
+
+struct Grads {
+  std::vector<float> dq, dk, dv;           // F32 runs
+  std::vector<uint16_t> dq16, dk16, dv16;  // BF16 runs
+};
+
+// Forward then backward on the GPU (fills in.o / in.lse from the forward). Gradients poisoned
+// with NaN first.
+Status run_gpu(const Problem& pb, Inputs* in, DType grad_type, bool deterministic, Grads* g) {
+  DeviceArray<uint16_t> q(in->q.size()), k(in->k.size()), v(in->v.size()), o(pb.nq()),
+      dout(in->dout.size());
+  DeviceArray<float> lse(pb.b * pb.h * pb.s_q);
+  q.upload(in->q);
+  k.upload(in->k);
+  v.upload(in->v);
+  dout.upload(in->dout);
+  ForwardOptions opt;
+  opt.recipe = pb.recipe;
+  opt.causal = pb.causal;
+  const TensorView tq = make_view(q.ptr, DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d});
+  const TensorView tk = make_view(k.ptr, DType::kBF16, {pb.b, pb.s_k, pb.h_kv, pb.d});
+  const TensorView tv = make_view(v.ptr, DType::kBF16, {pb.b, pb.s_k, pb.h_kv, pb.d});
+  const TensorView to = make_view(o.ptr, DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d});
+  const TensorView tl = make_view(lse.ptr, DType::kF32, {pb.b, pb.h, pb.s_q});
+  const TensorView tdo = make_view(dout.ptr, DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d});
+  Status st = attention_forward_cuda(tq, tk, tv, opt, to, tl, nullptr);
+  if (!st.ok()) return st;
+  const size_t es = grad_type == DType::kF32 ? 4 : 2;
+  testing::GuardedBuffer dq(pb.nq() * es), dk(pb.nk() * es), dv(pb.nk() * es);
+  // NaN in F32 and BF16: 0xFF bytes. GuardedBuffer poisons with 0xAB (a finite value), so set
+  // the payload to NaN here and keep the 0xAB guards.
+  cudaMemset(dq.get(), 0xFF, pb.nq() * es);
+  cudaMemset(dk.get(), 0xFF, pb.nk() * es);
+  cudaMemset(dv.get(), 0xFF, pb.nk() * es);
+  BackwardCudaOptions bopt;
+  bopt.deterministic = deterministic;
+  st = attention_backward_cuda(
+      tq, tk, tv, opt, to, tl, tdo, make_view(dq.get(), grad_type, {pb.b, pb.s_q, pb.h, pb.d}),
+      make_view(dk.get(), grad_type, {pb.b, pb.s_k, pb.h_kv, pb.d}),
+      make_view(dv.get(), grad_type, {pb.b, pb.s_k, pb.h_kv, pb.d}), bopt, nullptr);
+  if (!st.ok()) return st;
+  const cudaError_t e = cudaDeviceSynchronize();
+  if (e != cudaSuccess)
+    return Status::Invalid(std::string("kernel failed: ") + cudaGetErrorString(e));
+  in->o = o.download();
+  in->lse = lse.download();
+  auto take = [&](const testing::GuardedBuffer& buf, const char* what, auto* out) {
+    const std::vector<uint8_t> bytes = buf.payload(what);
+    out->resize(bytes.size() / sizeof((*out)[0]));
+    if (!bytes.empty()) std::memcpy(out->data(), bytes.data(), bytes.size());
+  };
+  if (grad_type == DType::kF32) {
+    take(dq, "dq", &g->dq);
+    take(dk, "dk", &g->dk);
+    take(dv, "dv", &g->dv);
+  } else {
+    take(dq, "dq", &g->dq16);
+    take(dk, "dk", &g->dk16);
+    take(dv, "dv", &g->dv16);
+  }
+  return Status::Ok();
+}
+
+struct GoldenGrads {
+  std::vector<double> dq, dk, dv;
+};
+
+GoldenGrads run_golden(const Problem& pb, Inputs& in, BackwardArithmetic arith) {
+  GoldenGrads g;
+  g.dq.resize(pb.nq());
+  g.dk.resize(pb.nk());
+  g.dv.resize(pb.nk());
+  RecipeOptions opt;
+  opt.recipe = pb.recipe;
+  opt.causal = pb.causal;
+  BackwardOptions bopt;
+  bopt.arithmetic = arith;
+  const Status st = golden_attention_backward(
+      make_view(in.q.data(), DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d}),
+      make_view(in.k.data(), DType::kBF16, {pb.b, pb.s_k, pb.h_kv, pb.d}),
+      make_view(in.v.data(), DType::kBF16, {pb.b, pb.s_k, pb.h_kv, pb.d}),
+      make_view(in.o.data(), DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d}),
+      make_view(in.dout.data(), DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d}),
+      make_view(in.lse.data(), DType::kF32, {pb.b, pb.h, pb.s_q}), opt,
+      make_view(g.dq.data(), DType::kF64, {pb.b, pb.s_q, pb.h, pb.d}),
+      make_view(g.dk.data(), DType::kF64, {pb.b, pb.s_k, pb.h_kv, pb.d}),
+      make_view(g.dv.data(), DType::kF64, {pb.b, pb.s_k, pb.h_kv, pb.d}), bopt);
+  EXPECT_TRUE(st.ok()) << st.message();
+  return g;
+}
+
+ErrorStats stats(const std::vector<float>& x, const std::vector<double>& ref) {
+  if (x.size() != ref.size()) return ErrorStats{-1};
+  const std::vector<double> xd(x.begin(), x.end());
+  return compare(xd.data(), ref.data(), int64_t(ref.size()));
+}
+
+int64_t count_nan(const std::vector<float>& x) {
+  int64_t n = 0;
+  for (float v : x) n += std::isnan(v);
+  return n;
+}
+
+void expect_close(const char* what, const std::vector<float>& x, const std::vector<double>& ref) {
+  const ErrorStats s = stats(x, ref);
+  const double bound =
+      int64_t(ref.size()) < kSmallGradient ? kMaxRelL2VsGoldenSmall : kMaxRelL2VsGolden;
+  EXPECT_EQ(count_nan(x), 0) << what << ": elements left unwritten (poison) or NaN";
+  EXPECT_LE(s.rel_l2, bound) << what << " vs golden kEmulatedFp8: " << to_string(s);
+}
+
+class BwdGpuShapes : public ::testing::TestWithParam<Problem> {};
+
+TEST_P(BwdGpuShapes, MatchesEmulatedGolden) {
+  SKIP_WITHOUT_GPU();
+  const Problem pb = GetParam();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " " + pb.name());
+  std::mt19937_64 rng(seed);
+  Inputs in = make_inputs(pb, rng);
+  Grads g;
+  const Status st = run_gpu(pb, &in, DType::kF32, false, &g);
+  ASSERT_TRUE(st.ok()) << st.message();
+  const GoldenGrads ref = run_golden(pb, in, BackwardArithmetic::kEmulatedFp8);
+  expect_close("dq", g.dq, ref.dq);
+  expect_close("dk", g.dk, ref.dk);
+  expect_close("dv", g.dv, ref.dv);
+}
+
+std::vector<Problem> shapes() {
+  return {
+      {1, 17, 333, 4, 2, 64, true, Recipe::kFp8},      // s_q < s_k, bottom-right causal, GQA 4/2
+      {1, 17, 333, 4, 2, 128, false, Recipe::kNvfp4},  // odd lengths, tails of both
+      {1, 333, 17, 4, 1, 128, true, Recipe::kNvfp4},   // rows without keys, MQA 4/1
+      {2, 100, 200, 4, 4, 128, false, Recipe::kNvfp4Hx},
+      {1, 256, 256, 4, 1, 64, true, Recipe::kMxfp4},  // GQA 4/1
+      {1, 130, 130, 2, 2, 128, true, Recipe::kFp8},
+      {1, 65, 190, 4, 2, 64, false, Recipe::kNvfp4},
+      {2, 96, 96, 4, 2, 128, true, Recipe::kMxfp4},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, BwdGpuShapes, ::testing::ValuesIn(shapes()),
+                         [](const ::testing::TestParamInfo<Problem>& i) { return i.param.name(); });
+
+// nvfp4 on N(0, 1) inputs at s = 256: the issue's accuracy target against the float64 backward
+// of the same recipe (its forward semantics, exact arithmetic).
+TEST(BwdGpu, Nvfp4CosineVsFloat64) {
+  SKIP_WITHOUT_GPU();
+  for (bool causal : {false, true}) {
+    const Problem pb{1, 256, 256, 4, 2, 128, causal, Recipe::kNvfp4};
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed) + " " + pb.name());
+    std::mt19937_64 rng(seed);
+    Inputs in = make_inputs(pb, rng);
+    Grads g;
+    const Status st = run_gpu(pb, &in, DType::kF32, false, &g);
+    ASSERT_TRUE(st.ok()) << st.message();
+    const GoldenGrads ref = run_golden(pb, in, BackwardArithmetic::kFloat64);
+    const char* names[3] = {"dq", "dk", "dv"};
+    const std::vector<float>* got[3] = {&g.dq, &g.dk, &g.dv};
+    const std::vector<double>* want[3] = {&ref.dq, &ref.dk, &ref.dv};
+    for (int i = 0; i < 3; ++i) {
+      const ErrorStats s = stats(*got[i], *want[i]);
+      EXPECT_GE(s.cos, kMinCosVsF64) << names[i] << " vs float64: " << to_string(s);
+      std::printf("nvfp4 %s %s vs float64: %s\n", causal ? "causal" : "full", names[i],
+                  to_string(s).c_str());
+    }
+  }
+}
+
+// Deterministic mode: two runs bit-identical; the default mode within FP32 reordering of it.
+TEST(BwdGpu, DeterministicRunsAreBitIdentical) {
+  SKIP_WITHOUT_GPU();
+  const Problem pb{1, 300, 300, 4, 2, 128, true, Recipe::kNvfp4};
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  Inputs in = make_inputs(pb, rng);
+  Grads a, b, c;
+  ASSERT_TRUE(run_gpu(pb, &in, DType::kF32, true, &a).ok());
+  ASSERT_TRUE(run_gpu(pb, &in, DType::kF32, true, &b).ok());
+  ASSERT_TRUE(run_gpu(pb, &in, DType::kF32, false, &c).ok());
+  EXPECT_EQ(0, std::memcmp(a.dq.data(), b.dq.data(), a.dq.size() * 4)) << "dq differs";
+  EXPECT_EQ(0, std::memcmp(a.dk.data(), b.dk.data(), a.dk.size() * 4)) << "dk differs";
+  EXPECT_EQ(0, std::memcmp(a.dv.data(), b.dv.data(), a.dv.size() * 4)) << "dv differs";
+  // dK/dV never use atomics: identical in both modes. dQ: the same sums in another order.
+  EXPECT_EQ(0, std::memcmp(a.dk.data(), c.dk.data(), a.dk.size() * 4));
+  EXPECT_EQ(0, std::memcmp(a.dv.data(), c.dv.data(), a.dv.size() * 4));
+  const std::vector<double> ref(a.dq.begin(), a.dq.end());
+  EXPECT_LE(stats(c.dq, ref).rel_l2, 1e-5);
+}
+
+// BF16 gradients are the RNE of the F32 ones (the same kernels, another store).
+TEST(BwdGpu, Bf16GradientsAreRoundedF32) {
+  SKIP_WITHOUT_GPU();
+  const Problem pb{1, 77, 150, 2, 1, 64, true, Recipe::kFp8};
+  std::mt19937_64 rng(fresh_seed());
+  Inputs in = make_inputs(pb, rng);
+  Grads f, h;
+  ASSERT_TRUE(run_gpu(pb, &in, DType::kF32, true, &f).ok());
+  ASSERT_TRUE(run_gpu(pb, &in, DType::kBF16, true, &h).ok());
+  const std::vector<float>* f32[3] = {&f.dq, &f.dk, &f.dv};
+  const std::vector<uint16_t>* b16[3] = {&h.dq16, &h.dk16, &h.dv16};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(f32[i]->size(), b16[i]->size());
+    int64_t diff = 0;
+    for (size_t j = 0; j < b16[i]->size(); ++j)
+      diff += float_to_bf16_bits((*f32[i])[j]) != (*b16[i])[j];
+    EXPECT_EQ(diff, 0) << "gradient " << i;
+  }
+}
+
+// Bad input: a Status naming the argument, nothing launched (no CUDA call is made, so this also
+// runs on machines without a GPU).
+TEST(BwdGpu, BadInputBeforeLaunch) {
+  const int64_t b = 1, s = 64, h = 2, d = 64;
+  std::vector<uint16_t> host(b * s * h * d);
+  std::vector<float> g(b * s * h * d), lse(b * h * s);
+  const TensorView x = make_view(host.data(), DType::kBF16, {b, s, h, d});
+  const TensorView gr = make_view(g.data(), DType::kF32, {b, s, h, d});
+  const TensorView tl = make_view(lse.data(), DType::kF32, {b, h, s});
+  ForwardOptions opt;
+  opt.recipe = Recipe::kNvfp4Fast;
+  Status st = attention_backward_cuda(x, x, x, opt, x, tl, x, gr, gr, gr, {}, nullptr);
+  EXPECT_TRUE(st.unsupported()) << st.message();
+  opt.recipe = Recipe::kNvfp4;
+  st = attention_backward_cuda(x, x, x, opt, x, TensorView{}, x, gr, gr, gr, {}, nullptr);
+  EXPECT_NE(st.message().find("lse"), std::string::npos) << st.message();
+  const TensorView bad = make_view(g.data(), DType::kF32, {b, s, h, 32});
+  st = attention_backward_cuda(x, x, x, opt, x, tl, x, bad, gr, gr, {}, nullptr);
+  EXPECT_NE(st.message().find("dq"), std::string::npos) << st.message();
+  ForwardOperands ops;  // undefined operands
+  st = attention_backward_operands_cuda(ops, opt, x, tl, x, gr, gr, gr, {}, nullptr);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("q_data"), std::string::npos) << st.message();
+  if (testing::have_gpu()) {
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  }
+}
+
+}  // namespace
+}  // namespace fp4attn
