@@ -34,6 +34,15 @@ namespace {
 constexpr double kMaxRelL2VsGolden = 0.012;
 constexpr double kMaxRelL2VsGoldenSmall = 0.04;  // fewer than 65536 elements in rows with keys
 constexpr int64_t kSmallOutput = 65536;
+// fp4-direct's E2M1 P moves by up to half of itself per flipped code, and a flipped 32-key block
+// maximum moves the whole block's exponent: a causal row of few keys (the first rows of s_q =
+// s_k = 1000) then moves by a large part of max|v| (max_abs 0.42 seen). Measured on the H200 over
+// fresh seeds: rel-L2 0.0045-0.0162 (the last at seed 11308486326711650648, causal d = 128).
+constexpr double kMaxRelL2VsGoldenDirect = 0.03;
+double max_rel_l2_vs_golden(Recipe r, bool small) {
+  if (small) return kMaxRelL2VsGoldenSmall;
+  return r == Recipe::kFp4Direct ? kMaxRelL2VsGoldenDirect : kMaxRelL2VsGolden;
+}
 constexpr double kMaxLseAbsVsGolden = 2e-3;
 // nvfp4-fast's P is a rounded code of 8 * (z - m): where the MMA moves a score across a rounding
 // boundary, that P moves one E4M3 step (at most 1/8 of itself), and a row of few keys can see its
@@ -203,8 +212,7 @@ TEST_P(FwdGpuShapes, MatchesGoldenAndExact) {
   // Rows without a visible key are exact zeros on both sides: only the others carry error.
   int64_t rows_with_keys = 0;
   for (float x : g.lse) rows_with_keys += !std::isinf(x);
-  const double bound =
-      rows_with_keys * pb.d < kSmallOutput ? kMaxRelL2VsGoldenSmall : kMaxRelL2VsGolden;
+  const double bound = max_rel_l2_vs_golden(pb.recipe, rows_with_keys * pb.d < kSmallOutput);
   EXPECT_LE(vs_golden.rel_l2, bound) << "vs golden: " << to_string(vs_golden);
   EXPECT_EQ(vs_golden.inf_mismatch, 0);
 
