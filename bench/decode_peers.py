@@ -20,7 +20,6 @@ with the peer's peer_ms from the same run and speedup = peer_ms / ms (issue 9's 
 """
 
 import argparse
-import datetime
 import json
 import math
 import os
@@ -127,20 +126,9 @@ def measure(args):
         sys.exit("decode_peers.py: no CUDA device")
     dev = torch.cuda.get_device_properties(torch.cuda.current_device())
     l2 = getattr(dev, "L2_cache_size", 60 * 1024**2)
-    doc = {
-        "suite": "decode",
-        "part": "peers",
-        "revision": args.revision or peers.git_revision(),
-        "device": dev.name,
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": shlex.join([os.path.basename(sys.executable)] + sys.argv),
-        "software": {"torch": torch.__version__, "cuda": torch.version.cuda,
-                     "cudnn": torch.backends.cudnn.version()},
-        "clocks": {"before": peers.read_clocks()},
-        "config": {"warmup": args.warmup, "min_reps": args.min_reps,
-                   "min_time_ms": args.min_time_ms,
-                   "layout": "q [b, 32, 1, 128], k/v [b, 8, L, 128] BF16 contiguous, torch.randn"},
-    }
+    doc = peers.part_doc("decode", args.revision, {
+        "warmup": args.warmup, "min_reps": args.min_reps, "min_time_ms": args.min_time_ms,
+        "layout": "q [b, 32, 1, 128], k/v [b, 8, L, 128] BF16 contiguous, torch.randn"})
     nbytes = 2 * 1024**3
     x = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
     read_ms = peers.time_ms(lambda: x.sum(dtype=torch.float32), reps=10)
@@ -200,12 +188,7 @@ def measure(args):
             qs = ks = vs = None
             torch.cuda.empty_cache()
     doc["records"] = records
-    doc["clocks"]["after"] = peers.read_clocks()
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(peers.rounded(doc, 7), f, indent=1)
-        f.write("\n")
-    print(f"wrote {args.out}")
+    peers.write_part(doc, args.out)
 
 
 def main():

@@ -17,11 +17,8 @@ bench/fwd_record.py merges OUT.json with fp4attn_bench's fwd JSON into bench/res
 """
 
 import argparse
-import datetime
-import json
 import math
 import os
-import shlex
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -153,19 +150,9 @@ def main():
 
     torch.manual_seed(0)
     dev = torch.cuda.get_device_properties(torch.cuda.current_device())
-    doc = {
-        "suite": "fwd",
-        "part": "peers",
-        "revision": args.revision or peers.git_revision(),
-        "device": dev.name,
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": shlex.join([os.path.basename(sys.executable)] + sys.argv),
-        "software": {"torch": torch.__version__, "cuda": torch.version.cuda,
-                     "cudnn": torch.backends.cudnn.version()},
-        "clocks": {"before": peers.read_clocks()},
-        "config": {"warmup": args.warmup, "min_reps": args.min_reps,
-                   "min_time_ms": args.min_time_ms, "layout": "BHSD contiguous, torch.randn"},
-    }
+    doc = peers.part_doc("fwd", args.revision, {
+        "warmup": args.warmup, "min_reps": args.min_reps, "min_time_ms": args.min_time_ms,
+        "layout": "BHSD contiguous, torch.randn"})
     ceilings = peers.measure_ceilings(args.ceiling_reps or (10 if args.quick else 20))
     doc["ceilings"] = ceilings
     print(f"fwd peers on {dev.name}: " + ", ".join(
@@ -190,12 +177,7 @@ def main():
             print(f"{a['case']:<22} {a['peer']:<16} " +
                   (f"cos {a['cos']:.7f} rel_l2 {a['rel_l2']:.5f}" if "cos" in a
                    else f"error: {a['error']}"), flush=True)
-    doc["clocks"]["after"] = peers.read_clocks()
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(peers.rounded(doc, 7), f, indent=1)
-        f.write("\n")
-    print(f"wrote {args.out}")
+    peers.write_part(doc, args.out)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ Timed with CUDA events (warm-up, median of at least --min-reps calls and --min-t
 s_k = cached length, ms, tflops, peer_ms, speedup = peer_ms / ms (target >= 1.0), cos, rel_l2.
 """
 import argparse
-import datetime
 import json
 import math
 import os
@@ -112,23 +111,11 @@ def measure(args):
 
     if not torch.cuda.is_available():
         sys.exit("paged_prefill_peers.py: no CUDA device")
-    dev = torch.cuda.get_device_properties(torch.cuda.current_device())
     b, chunk = args.batch, args.chunk
-    doc = {
-        "suite": "paged-prefill",
-        "part": "peers",
-        "revision": args.revision or peers.git_revision(),
-        "device": dev.name,
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": shlex.join([os.path.basename(sys.executable)] + sys.argv),
-        "software": {"torch": torch.__version__, "cuda": torch.version.cuda,
-                     "cudnn": torch.backends.cudnn.version()},
-        "clocks": {"before": peers.read_clocks()},
-        "config": {"warmup": args.warmup, "min_reps": args.min_reps,
-                   "min_time_ms": args.min_time_ms,
-                   "layout": f"q [{b}, 32, {chunk}, 128], k/v [{b}, 8, L, 128] BF16 contiguous, "
-                             "torch.randn; causal bottom-right"},
-    }
+    doc = peers.part_doc("paged-prefill", args.revision, {
+        "warmup": args.warmup, "min_reps": args.min_reps, "min_time_ms": args.min_time_ms,
+        "layout": f"q [{b}, 32, {chunk}, 128], k/v [{b}, 8, L, 128] BF16 contiguous, "
+                  "torch.randn; causal bottom-right"})
     records = []
     print(f"{'case':<18} {'peer':<16} {'ms':>9} {'TFLOP/s':>8} {'mask':>18} {'kv':>8}",
           flush=True)
@@ -193,12 +180,7 @@ def measure(args):
             q = k = v = mask = bool_mask = None
             torch.cuda.empty_cache()
     doc["records"] = records
-    doc["clocks"]["after"] = peers.read_clocks()
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(peers.rounded(doc, 7), f, indent=1)
-        f.write("\n")
-    print(f"wrote {args.out}")
+    peers.write_part(doc, args.out)
 
 
 def main():

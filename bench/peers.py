@@ -113,6 +113,34 @@ def measure_ceilings(reps):
     return out
 
 
+def part_doc(suite, revision, config):
+    """The header of a suite's peers part (fwd, decode, paged-prefill): what ran where, when, with
+    which software, and the clocks before; write_part adds the records' clocks after."""
+    dev = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return {
+        "suite": suite,
+        "part": "peers",
+        "revision": revision or git_revision(),
+        "device": dev.name,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": shlex.join([os.path.basename(sys.executable)] + sys.argv),
+        "software": {"torch": torch.__version__, "cuda": torch.version.cuda,
+                     "cudnn": torch.backends.cudnn.version()},
+        "clocks": {"before": read_clocks()},
+        "config": config,
+    }
+
+
+def write_part(doc, path, digits=7):
+    """The clocks after, then doc as rounded JSON at path."""
+    doc["clocks"]["after"] = read_clocks()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(rounded(doc, digits), f, indent=1)
+        f.write("\n")
+    print(f"wrote {path}")
+
+
 def rounded(x, digits=5):
     """Floats to `digits` significant digits, recursively, so the JSON stays readable."""
     if isinstance(x, float):

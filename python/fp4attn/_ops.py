@@ -255,7 +255,49 @@ def repack_operand(
     return data, scale
 
 
-# ---- backward (CPU: the golden model) ----------------------------------------------------------
+# ---- backward (CPU: the golden model; CUDA: the GPU backward of the exp2 recipes) ---------------
+
+# The recipes whose backward runs on the GPU (docs/kernels/bwd_sm90.md).
+GPU_BACKWARD_RECIPES = ("fp8", "nvfp4", "nvfp4-hx", "mxfp4")
+
+
+def _attn_bwd_cuda(dout, q, k, v, o, lse, recipe, softmax_scale, causal, d_source):
+    require_cuda_build("q", attention=True)
+    if recipe not in GPU_BACKWARD_RECIPES:
+        raise UnsupportedError(
+            f"recipe: '{recipe}' has no GPU backward yet (it has: "
+            f"{', '.join(GPU_BACKWARD_RECIPES)}); run attn_func on CPU tensors for its gradients"
+        )
+    if d_source != "forward-o":
+        raise UnsupportedError(
+            f"d_source: '{d_source}' is CPU-only for now; the GPU backward takes D from the "
+            "forward's O ('forward-o')"
+        )
+    # BF16 gradients come straight from the kernel (RNE of its FP32 sums); FP16 ones via FP32.
+    gdt = torch.bfloat16 if q.dtype == torch.bfloat16 else torch.float32
+    dq = torch.empty(q.shape, dtype=gdt, device=q.device)
+    dk = torch.empty(k.shape, dtype=gdt, device=k.device)
+    dv = torch.empty(v.shape, dtype=gdt, device=v.device)
+    with torch.cuda.device(q.device):
+        run_cuda(
+            _C.attention_backward_cuda,
+            q,
+            k,
+            v,
+            o,
+            lse,
+            dout,
+            dq,
+            dk,
+            dv,
+            recipe,
+            softmax_scale,
+            causal,
+            torch.are_deterministic_algorithms_enabled(),
+            cuda_stream(q.device),
+        )
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
 
 
 @torch.library.custom_op("fp4attn::attn_bwd", mutates_args=())
@@ -275,17 +317,18 @@ def attn_bwd(
     """Gradients (dq, dk, dv) of attn_fwd, in q's dtype, from what the forward saved (o, lse).
 
     dlse, the gradient reaching the LSE output, must be None or all zero: the LSE is not
-    differentiated (a nonzero one raises UnsupportedError rather than being dropped)."""
-    if q.device.type != "cpu":
-        raise UnsupportedError(
-            f"q: on {q.device}: the GPU backward is not built yet; fp4attn computes gradients on "
-            "the CPU only (the golden model): run attn_func on CPU tensors to train"
-        )
+    differentiated (a nonzero one raises UnsupportedError rather than being dropped). CUDA
+    tensors: the GPU backward (exp2 recipes, d_source 'forward-o'; deterministic when
+    torch.use_deterministic_algorithms is on); CPU tensors: the golden model."""
     if dlse is not None and bool(dlse.ne(0).any()):
         raise UnsupportedError(
             "lse: fp4attn's backward differentiates o only; a loss that depends on the returned "
             "lse (nonzero gradient reaching it) is not supported"
         )
+    if q.device.type == "cuda":
+        return _attn_bwd_cuda(dout, q, k, v, o, lse, recipe, softmax_scale, causal, d_source)
+    if q.device.type != "cpu":
+        raise UnsupportedError(f"q: on {q.device}: fp4attn's backward runs on CUDA or CPU tensors")
     # The golden model writes float32 (float64 for float64 inputs) and we cast to q's dtype.
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     dq = torch.empty(q.shape, dtype=acc)

@@ -41,8 +41,8 @@ def attn_func(
     convention). Returns o in q's layout and dtype, and with return_lse also lse float32
     [b, h, s_q] (natural log).
 
-    Autograd (CPU tensors): gradients flow through o, computed by the golden model's backward
-    (docs/python.md "Autograd"); d_source picks the O of D = rowsum(dO * O): "forward-o" (the
+    Autograd: gradients flow through o, computed by the golden model's backward on CPU tensors
+    and by the GPU backward on CUDA ones (exp2 recipes; docs/python.md "Autograd"); d_source picks the O of D = rowsum(dO * O): "forward-o" (the
     quantized forward's) or "high-precision-o" (docs/numerics.md §8). lse is not differentiated.
     """
     _checks.check_layout(layout)

@@ -16,6 +16,7 @@
 #include "python/packed_host.h"
 #include "python/status_error.h"
 #ifdef FP4ATTN_PY_CUDA_ATTENTION
+#include "fp4attn/attention_bwd_cuda.h"
 #include "fp4attn/attention_cuda.h"
 #endif
 
@@ -145,6 +146,29 @@ void attention_operands_cuda(const Array& q_data, const Array& q_scale, const Ar
   throw_if_error(attention_forward_operands_cuda(in, opt, to_view(o, "o"),
                                                  optional_view(lse, "lse"), stream_arg(stream)));
 }
+
+void attention_backward_cuda_py(const Array& q, const Array& k, const Array& v, const Array& o,
+                                const Array& lse, const Array& dout, const Array& dq,
+                                const Array& dk, const Array& dv, const std::string& recipe,
+                                double softmax_scale, bool causal, bool deterministic,
+                                uintptr_t stream) {
+  require_cuda({{&q, "q"},
+                {&k, "k"},
+                {&v, "v"},
+                {&o, "o"},
+                {&lse, "lse"},
+                {&dout, "dout"},
+                {&dq, "dq"},
+                {&dk, "dk"},
+                {&dv, "dv"}});
+  BackwardCudaOptions bopt;
+  bopt.deterministic = deterministic;
+  throw_if_error(attention_backward_cuda(
+      to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
+      forward_options(recipe, softmax_scale, causal), to_view(o, "o"), to_view(lse, "lse"),
+      to_view(dout, "dout"), to_view(dq, "dq"), to_view(dk, "dk"), to_view(dv, "dv"), bopt,
+      stream_arg(stream)));
+}
 #endif
 
 }  // namespace
@@ -175,6 +199,10 @@ void bind_cuda(nb::module_& m) {
         arg("k_data"), arg("k_scale"), arg("v_data"), arg("v_scale"), arg("o"), arg("lse").none(),
         arg("recipe"), arg("softmax_scale"), arg("causal"), arg("stream"),
         "GPU forward attention over kernel operands, launched on `stream`.");
+  m.def("attention_backward_cuda", &attention_backward_cuda_py, arg("q"), arg("k"), arg("v"),
+        arg("o"), arg("lse"), arg("dout"), arg("dq"), arg("dk"), arg("dv"), arg("recipe"),
+        arg("softmax_scale"), arg("causal"), arg("deterministic"), arg("stream"),
+        "GPU backward of attention_cuda (exp2 recipes), launched on `stream`.");
   m.def(
       "check_forward_device", [] { throw_if_error(check_forward_device()); },
       "Raises ValueError saying why the current device cannot run the engine.");
