@@ -8,6 +8,7 @@
 namespace fp4attn::cli {
 
 int cmd_run(const std::vector<std::string>& argv);
+int cmd_decode(const std::vector<std::string>& argv);
 int cmd_recipes(const std::vector<std::string>& argv);
 int cmd_emulation(const std::vector<std::string>& argv);
 

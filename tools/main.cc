@@ -1,4 +1,4 @@
-// fp4attn: command-line front end (run, recipes, emulation).
+// fp4attn: command-line front end (run, decode, recipes, emulation).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -29,6 +29,7 @@ constexpr const char* kUsage =
     "usage: fp4attn <command> [flags]\n\n"
     "Commands:\n"
     "  run       attention on seeded inputs; accuracy against float64 and time\n"
+    "  decode    decode over a paged NVFP4/FP8 KV cache; accuracy and time\n"
     "  recipes   list the numerics recipes\n"
     "  emulation Hopper (folded) vs Blackwell (block-scaled) arithmetic of the golden model\n\n"
     "fp4attn <command> --help shows a command's flags.\n";
@@ -38,8 +39,8 @@ constexpr const char* kUsage =
 int main(int argc, char** argv) {
   using namespace fp4attn::cli;
   if (argc < 2) {
-    std::fprintf(stderr,
-                 "fp4attn: missing command (run, recipes, emulation); see fp4attn --help\n");
+    std::fprintf(
+        stderr, "fp4attn: missing command (run, decode, recipes, emulation); see fp4attn --help\n");
     return 2;
   }
   const std::string cmd = argv[1];
@@ -50,11 +51,13 @@ int main(int argc, char** argv) {
   }
   try {
     if (cmd == "run") return cmd_run(rest);
+    if (cmd == "decode") return cmd_decode(rest);
     if (cmd == "recipes") return cmd_recipes(rest);
     if (cmd == "emulation") return cmd_emulation(rest);
-    std::fprintf(stderr,
-                 "fp4attn: unknown command '%s' (run, recipes, emulation); see fp4attn --help\n",
-                 cmd.c_str());
+    std::fprintf(
+        stderr,
+        "fp4attn: unknown command '%s' (run, decode, recipes, emulation); see fp4attn --help\n",
+        cmd.c_str());
     return 2;
   } catch (const UsageError& e) {
     std::fprintf(stderr, "fp4attn %s: %s\n", cmd.c_str(), e.what());

@@ -8,35 +8,10 @@
 #include "api/validate_forward.h"
 #include "common/half.h"
 #include "fp4attn/attention_cuda.h"
+#include "gpu/device_util.h"
 #include "gpu/run_gpu.h"
 
 namespace fp4attn::cli {
-namespace {
-
-// Device buffer freed on scope exit.
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(size_t bytes) {
-    if (cudaMalloc(&ptr, std::max<size_t>(bytes, 1)) != cudaSuccess) ptr = nullptr;
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-
-std::vector<uint16_t> to_bf16(const TensorView& t) {
-  std::vector<uint16_t> r(t.numel());
-  const float* x = t.as<float>();
-  for (size_t i = 0; i < r.size(); ++i) r[i] = float_to_bf16_bits(x[i]);
-  return r;
-}
-
-Status cuda_ok(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return Status::Ok();
-  return Status::Invalid(std::string("backend: ") + what + ": " + cudaGetErrorString(e));
-}
-
-}  // namespace
 
 std::string gpu_unavailable_reason(Recipe recipe) {
   int count = 0;
