@@ -322,8 +322,9 @@ def decode(
     Returns o like q, and with return_lse also lse float32 (natural log), [batch, heads, s_q]
     or [heads, total_q] for varlen; a query without visible keys gets o = 0, lse = +inf.
 
-    CPU: the golden paged attention (float64 over the decoded cache). CUDA: UnsupportedError
-    until the GPU decode kernel is built.
+    CPU: the golden paged attention (float64 over the decoded cache). CUDA: the decode kernel
+    (docs/kernels/decode.md), bfloat16 q and o; block_tables, seq_lens (and cu_seqlens_q) are
+    also copied to the host once per call, so that bad page ids and lengths raise before launch.
     """
     check_cache(cache)
     varlen = cu_seqlens_q is not None
@@ -362,10 +363,8 @@ def decode(
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"q: device {q.device} is not supported (cpu or cuda)")
     if q.device.type == "cuda":
-        raise UnsupportedError(
-            "decode: the GPU decode kernel is not built yet (issue 9); pass CPU tensors (q, the "
-            "cache, block_tables, seq_lens) to run the golden paged attention"
-        )
+        return _decode_cuda(q, cache, block_tables, seq_lens, scale, causal, cu_seqlens_q,
+                            return_lse, batch, heads)
     if q.dtype not in _checks.CPU_DTYPES:
         names = ", ".join(str(t).removeprefix("torch.") for t in _checks.CPU_DTYPES)
         raise TypeError(f"q: dtype {q.dtype} is not supported on CPU (supported: {names})")
@@ -385,4 +384,36 @@ def decode(
         o,
         lse,
     )
+    return (o, lse) if return_lse else o
+
+
+def _decode_cuda(q, cache, block_tables, seq_lens, scale, causal, cu_seqlens_q, return_lse, batch,
+                 heads):
+    require_cuda_build("decode", attention=False)
+    if q.dtype != torch.bfloat16:
+        raise TypeError(f"q: dtype {q.dtype} is not supported on CUDA (the decode kernel takes "
+                        "bfloat16)")
+    varlen = cu_seqlens_q is not None
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = None
+    if return_lse:
+        shape = (heads, q.shape[0]) if varlen else (batch, heads, q.shape[1])
+        lse = torch.empty(shape, dtype=torch.float32, device=q.device)
+    with torch.cuda.device(q.device):
+        run_cuda(
+            _C.paged_attention_cuda,
+            q,
+            cu_seqlens_q,
+            *cache._native_args(),
+            block_tables,
+            seq_lens,
+            scale,
+            causal,
+            o,
+            lse,
+            block_tables.cpu(),
+            seq_lens.cpu(),
+            None if cu_seqlens_q is None else cu_seqlens_q.cpu(),
+            cuda_stream(q.device),
+        )
     return (o, lse) if return_lse else o

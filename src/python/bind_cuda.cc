@@ -9,6 +9,7 @@
 #include <string>
 
 #include "fp4attn/operands_cuda.h"
+#include "fp4attn/paged_attention_cuda.h"
 #include "fp4attn/paged_kv_cuda.h"
 #include "fp4attn/quantize_cuda.h"
 #include "python/args.h"
@@ -106,6 +107,43 @@ void paged_kv_append_cuda_py(const Array& k, const Array& v, const Array& slot_m
                                       stream_arg(stream)));
 }
 
+void paged_attention_cuda_py(const Array& q, const OptArray& cu_seqlens_q, const Array& k_data,
+                             const Array& v_data, const OptArray& k_scales,
+                             const OptArray& v_scales, const Array& k_global, const Array& v_global,
+                             const std::string& format, const Array& block_tables,
+                             const Array& seq_lens, double softmax_scale, bool causal,
+                             const Array& o, const OptArray& lse, const Array& block_tables_host,
+                             const Array& seq_lens_host, const OptArray& cu_seqlens_q_host,
+                             uintptr_t stream) {
+  require_cuda({{&q, "q"},
+                {&k_data, "k_data"},
+                {&v_data, "v_data"},
+                {&k_global, "k_global"},
+                {&v_global, "v_global"},
+                {&block_tables, "block_tables"},
+                {&seq_lens, "seq_lens"},
+                {&o, "o"}});
+  if (cu_seqlens_q) require_cuda({{&q, "q"}, {&*cu_seqlens_q, "cu_seqlens_q"}});
+  if (k_scales) require_cuda({{&q, "q"}, {&*k_scales, "k_scales"}});
+  if (v_scales) require_cuda({{&q, "q"}, {&*v_scales, "v_scales"}});
+  if (lse) require_cuda({{&q, "q"}, {&*lse, "lse"}});
+  require_host({{&block_tables_host, "block_tables_host"}, {&seq_lens_host, "seq_lens_host"}});
+  if (cu_seqlens_q_host) require_host({{&*cu_seqlens_q_host, "cu_seqlens_q_host"}});
+  const PagedKvCache cache =
+      paged_cache_arg(k_data, v_data, k_scales, v_scales, k_global, v_global, format, "nearest");
+  PagedAttentionOptions opt;
+  opt.softmax_scale = softmax_scale;
+  opt.causal = causal;
+  PagedAttentionCudaOptions copt;  // host copies: page ids and lengths checked before launch
+  copt.block_tables_host = to_view(block_tables_host, "block_tables_host");
+  copt.seq_lens_host = to_view(seq_lens_host, "seq_lens_host");
+  copt.cu_seqlens_q_host = optional_view(cu_seqlens_q_host, "cu_seqlens_q_host");
+  throw_if_error(paged_attention_cuda(to_view(q, "q"), optional_view(cu_seqlens_q, "cu_seqlens_q"),
+                                      cache, to_view(block_tables, "block_tables"),
+                                      to_view(seq_lens, "seq_lens"), opt, to_view(o, "o"),
+                                      optional_view(lse, "lse"), copt, stream_arg(stream)));
+}
+
 #ifdef FP4ATTN_PY_CUDA_ATTENTION
 ForwardOptions forward_options(const std::string& recipe, double softmax_scale, bool causal) {
   ForwardOptions opt;
@@ -163,11 +201,11 @@ void attention_backward_cuda_py(const Array& q, const Array& k, const Array& v, 
                 {&dv, "dv"}});
   BackwardCudaOptions bopt;
   bopt.deterministic = deterministic;
-  throw_if_error(attention_backward_cuda(
-      to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
-      forward_options(recipe, softmax_scale, causal), to_view(o, "o"), to_view(lse, "lse"),
-      to_view(dout, "dout"), to_view(dq, "dq"), to_view(dk, "dk"), to_view(dv, "dv"), bopt,
-      stream_arg(stream)));
+  throw_if_error(
+      attention_backward_cuda(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
+                              forward_options(recipe, softmax_scale, causal), to_view(o, "o"),
+                              to_view(lse, "lse"), to_view(dout, "dout"), to_view(dq, "dq"),
+                              to_view(dk, "dk"), to_view(dv, "dv"), bopt, stream_arg(stream)));
 }
 #endif
 
@@ -190,6 +228,12 @@ void bind_cuda(nb::module_& m) {
         arg("k_global"), arg("v_global"), arg("format"), arg("rule"),
         arg("slot_mapping_host").none(), arg("calibrate"), arg("stream"),
         "GPU append of the paged KV cache (the host append's bytes), launched on `stream`.");
+  m.def("paged_attention_cuda", &paged_attention_cuda_py, arg("q"), arg("cu_seqlens_q").none(),
+        arg("k_data"), arg("v_data"), arg("k_scales").none(), arg("v_scales").none(),
+        arg("k_global"), arg("v_global"), arg("format"), arg("block_tables"), arg("seq_lens"),
+        arg("softmax_scale"), arg("causal"), arg("o"), arg("lse").none(), arg("block_tables_host"),
+        arg("seq_lens_host"), arg("cu_seqlens_q_host").none(), arg("stream"),
+        "GPU decode over the paged cache (paged_attention_cuda), on `stream`.");
 #ifdef FP4ATTN_PY_CUDA_ATTENTION
   m.def("has_cuda_attention", [] { return true; });
   m.def("attention_cuda", &attention_cuda, arg("q"), arg("k"), arg("v"), arg("o"),

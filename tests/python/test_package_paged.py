@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fp4attn
-from fp4attn import PagedKVCache, UnsupportedError, append_kv, decode
+from fp4attn import PagedKVCache, append_kv, decode
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
 
@@ -327,21 +327,43 @@ def test_cache_layout_of_empty():
     assert f.k_data.shape == (3, 16, 1, 64) and f.head_dim == 64 and f.v_scales is None
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_cuda_decode_raises_unsupported():
-    cache, tables, seq_lens = _small()
-    dev = "cuda"
-    gpu = PagedKVCache(
-        *(t.to(dev) for t in (cache.k_data, cache.v_data, cache.k_scales, cache.v_scales)),
-        cache.k_global.to(dev),
-        cache.v_global.to(dev),
+def _to_cuda(cache):
+    return PagedKVCache(
+        *(None if t is None else t.cuda() for t in (cache.k_data, cache.v_data, cache.k_scales,
+                                                    cache.v_scales)),
+        cache.k_global.cuda(),
+        cache.v_global.cuda(),
+        cache.format,
     )
-    with pytest.raises(UnsupportedError, match="^decode: the GPU decode kernel is not built yet"):
-        decode(torch.randn(1, 1, 8, 64, device=dev), gpu, tables.to(dev), seq_lens.to(dev))
-    if not fp4attn._C.has_cuda():
-        with pytest.raises(UnsupportedError, match="^append_kv: this fp4attn build has no CUDA"):
-            k = _tokens(1, 2, 64, 1).to(dev)
-            append_kv(gpu, k, k, torch.tensor([5], dtype=torch.int32, device=dev))
+
+
+@pytest.mark.skipif(not fp4attn.cuda_available(), reason="needs a CUDA GPU and the GPU engine")
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+@pytest.mark.parametrize("s_q", [1, 3])
+def test_cuda_decode_matches_the_golden_model(fmt, s_q):
+    # The kernel's tolerance (docs/kernels/decode.md 7.4): P and O rounded to BF16,
+    # 2^-7 * max|v| + 2^-7 * |o| per element; the LSE within 1e-3.
+    lens = [1, 37, 130, 5]
+    cache, tables, seq_lens = _build(fmt, 16, lens, 2, 128, seed=40 + s_q)
+    q = torch.randn(len(lens), s_q, 8, 128, generator=torch.Generator().manual_seed(41))
+    q = q.bfloat16()
+    want_o, want_lse = decode(q.float(), cache, tables, seq_lens, return_lse=True)
+    got_o, got_lse = decode(q.cuda(), _to_cuda(cache), tables.cuda(), seq_lens.cuda(),
+                            return_lse=True)
+    assert got_o.dtype == torch.bfloat16 and got_o.device.type == "cuda"
+    kd, vd = cache.dequantize(tables, seq_lens)
+    vmax = float(vd.abs().max())
+    err = (got_o.float().cpu() - want_o).abs()
+    assert float((err - 2**-7 * (vmax + want_o.abs())).max()) <= 0
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isinf(got_lse.cpu()), ~finite)
+    assert float((got_lse.cpu()[finite] - want_lse[finite]).abs().max()) <= 1e-3
+    with pytest.raises(TypeError, match="^q: dtype torch.float32 is not supported on CUDA"):
+        decode(q.float().cuda(), _to_cuda(cache), tables.cuda(), seq_lens.cuda())
+    bad = tables.clone()
+    bad[1, 0] = 999
+    with pytest.raises(ValueError, match="block_tables"):
+        decode(q.cuda(), _to_cuda(cache), bad.cuda(), seq_lens.cuda())
 
 
 def test_docs_example_runs():
