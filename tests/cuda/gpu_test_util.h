@@ -5,8 +5,10 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 namespace fp4attn::testing {
@@ -63,6 +65,34 @@ class GuardedBuffer {
   void* ptr_ = nullptr;
   size_t n_;
   bool ok_ = false;
+};
+
+// A seed from the OS for tests that draw fresh inputs each run (print it: SCOPED_TRACE).
+inline uint64_t fresh_seed() {
+  std::random_device rd;
+  return (uint64_t(rd()) << 32) ^ rd();
+}
+
+// A typed device array of n elements; ptr is null when the allocation failed.
+template <typename T>
+struct DeviceArray {
+  T* ptr = nullptr;
+  size_t n = 0;
+  explicit DeviceArray(size_t count) : n(count) {
+    if (cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T)) != cudaSuccess) ptr = nullptr;
+  }
+  ~DeviceArray() { cudaFree(ptr); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  void upload(const std::vector<T>& v) {
+    ASSERT_EQ(cudaMemcpy(ptr, v.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<T> download() const {
+    std::vector<T> v(n);
+    EXPECT_EQ(cudaMemcpy(v.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+  void poison(uint8_t byte) { ASSERT_EQ(cudaMemset(ptr, byte, n * sizeof(T)), cudaSuccess); }
 };
 
 }  // namespace fp4attn::testing

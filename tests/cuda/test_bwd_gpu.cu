@@ -28,6 +28,9 @@
 namespace fp4attn {
 namespace {
 
+using testing::DeviceArray;
+using testing::fresh_seed;
+
 // GPU vs golden kEmulatedFp8 (same operands, same scales, same roundings). What differs:
 //  * FP32 accumulation of the MMAs (Hopper's FP8 MMA adds with ~13-14 mantissa bits) against
 //    float64 sums: relative error ~1e-4 of dP and S;
@@ -44,32 +47,6 @@ constexpr int64_t kSmallGradient = 16384;
 // The golden model's emulated gradients are within rel-L2 0.06 of float64 (numerics.md §8), i.e.
 // cosine ~0.998; the issue's target for nvfp4 is 0.99.
 constexpr double kMinCosVsF64 = 0.99;
-
-uint64_t fresh_seed() {
-  std::random_device rd;
-  return (uint64_t(rd()) << 32) ^ rd();
-}
-
-template <typename T>
-struct DeviceArray {
-  T* ptr = nullptr;
-  size_t n = 0;
-  explicit DeviceArray(size_t count) : n(count) {
-    if (cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T)) != cudaSuccess) ptr = nullptr;
-  }
-  ~DeviceArray() { cudaFree(ptr); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  void upload(const std::vector<T>& v) {
-    ASSERT_EQ(cudaMemcpy(ptr, v.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  std::vector<T> download() const {
-    std::vector<T> v(n);
-    EXPECT_EQ(cudaMemcpy(v.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-  }
-  void poison(uint8_t byte) { ASSERT_EQ(cudaMemset(ptr, byte, n * sizeof(T)), cudaSuccess); }
-};
 
 struct Problem {
   int64_t b, s_q, s_k, h, h_kv, d;

@@ -27,6 +27,9 @@
 namespace fp4attn {
 namespace {
 
+using testing::DeviceArray;
+using testing::fresh_seed;
+
 // GPU vs golden (same recipe): the GPU differs by the FP8 MMA's accumulation (~14-bit adds: it
 // moves S by ~1e-4 in log2 units by our estimate, so a few per mille of P codes are expected one
 // E4M3 step away; not yet measured), ex2.approx and the FP32 score transform. Outputs of a few
@@ -66,32 +69,6 @@ double min_cos_vs_exact(Recipe r) {
          : r == Recipe::kNvfp4All                         ? 0.975
                                                           : 0.978;
 }
-
-uint64_t fresh_seed() {
-  std::random_device rd;
-  return (uint64_t(rd()) << 32) ^ rd();
-}
-
-template <typename T>
-struct DeviceArray {
-  T* ptr = nullptr;
-  size_t n = 0;
-  explicit DeviceArray(size_t count) : n(count) {
-    if (cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T)) != cudaSuccess) ptr = nullptr;
-  }
-  ~DeviceArray() { cudaFree(ptr); }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  void upload(const std::vector<T>& v) {
-    ASSERT_EQ(cudaMemcpy(ptr, v.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  std::vector<T> download() const {
-    std::vector<T> v(n);
-    EXPECT_EQ(cudaMemcpy(v.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-  }
-  void poison(uint8_t byte) { ASSERT_EQ(cudaMemset(ptr, byte, n * sizeof(T)), cudaSuccess); }
-};
 
 struct Problem {
   int64_t b, s_q, s_k, h, h_kv, d;
