@@ -11,6 +11,7 @@
 
 #include "api/validate_forward.h"
 #include "cuda/attention/fwd_kernel.cuh"
+#include "cuda/attention/operand_scratch.h"
 #include "fp4attn/attention_cuda.h"
 #include "fp4attn/operands_cuda.h"
 
@@ -201,48 +202,9 @@ Status attention_forward_cuda(const TensorView& q, const TensorView& k, const Te
   FP4ATTN_RETURN_IF_ERROR(check_forward_device());
   if (sh.b == 0 || sh.h == 0 || sh.s_q == 0) return Status::Ok();
 
-  // Scratch for the operands, stream-ordered so that it is reusable as soon as
-  // the kernel ends.
-  const int64_t qd = sh.b * sh.h * sh.s_q * sh.d;
-  const int64_t kd = sh.b * sh.h_kv * sh.s_k * sh.d;
-  const int64_t vd = sh.b * sh.h_kv * sh.d * operand_v_pitch(sh.s_k);
-  const int64_t qs = sh.b * sh.h * operand_scale_tiles(sh.s_q);
-  const int64_t ks = sh.b * sh.h_kv * operand_scale_tiles(sh.s_k);
-  const int64_t vs = sh.b * sh.h_kv * sh.d;
-  auto round16 = [](int64_t n) { return (n + 255) / 256 * 256; };
-  const int64_t bytes =
-      round16(qd) + round16(kd) + round16(vd) + 4 * (round16(qs) + round16(ks) + round16(vs));
-  void* scratch = nullptr;
-  FP4ATTN_RETURN_IF_ERROR(
-      cuda_status(cudaMallocAsync(&scratch, size_t(bytes), stream), "operand scratch"));
-  uint8_t* cur = static_cast<uint8_t*>(scratch);
-  auto take = [&](int64_t n) {
-    void* r = cur;
-    cur += round16(n);
-    return r;
-  };
-  ForwardOperands in;
-  in.q_data = make_view(take(qd), DType::kE4M3, {sh.b, sh.h, sh.s_q, sh.d});
-  in.k_data = make_view(take(kd), DType::kE4M3, {sh.b, sh.h_kv, sh.s_k, sh.d});
-  in.v_data = make_view(take(vd), DType::kE4M3, {sh.b, sh.h_kv, sh.d, operand_v_pitch(sh.s_k)});
-  in.q_scale = make_view(take(4 * qs), DType::kF32, {sh.b, sh.h, operand_scale_tiles(sh.s_q)});
-  in.k_scale = make_view(take(4 * ks), DType::kF32, {sh.b, sh.h_kv, operand_scale_tiles(sh.s_k)});
-  in.v_scale = make_view(take(4 * vs), DType::kF32, {sh.b, sh.h_kv, sh.d});
-
-  Status st =
-      quantize_operand_cuda(q, opt.recipe, OperandRole::kQ, {}, in.q_data, in.q_scale, {}, stream);
-  if (st.ok() && sh.s_k > 0) {
-    st = quantize_operand_cuda(k, opt.recipe, OperandRole::kK, {}, in.k_data, in.k_scale, {},
-                               stream);
-  }
-  if (st.ok() && sh.s_k > 0) {
-    st = quantize_operand_cuda(v, opt.recipe, OperandRole::kV, {}, in.v_data, in.v_scale, {},
-                               stream);
-  }
-  if (st.ok()) st = attention_forward_operands_cuda(in, opt, o, lse, stream);
-  const cudaError_t e = cudaFreeAsync(scratch, stream);
-  if (st.ok()) st = cuda_status(e, "operand scratch");
-  return st;
+  return with_quantized_operands(q, k, v, opt, sh, stream, [&](const ForwardOperands& in) {
+    return attention_forward_operands_cuda(in, opt, o, lse, stream);
+  });
 }
 
 Status attention_forward_varlen_cuda(const TensorView& q, const TensorView& k, const TensorView& v,

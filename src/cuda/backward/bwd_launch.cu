@@ -9,6 +9,7 @@
 #include <string>
 
 #include "api/validate_backward.h"
+#include "cuda/attention/operand_scratch.h"
 #include "cuda/backward/bwd_bits.h"
 #include "cuda/backward/bwd_kernels.h"
 #include "fp4attn/attention_bwd_cuda.h"
@@ -155,45 +156,10 @@ Status attention_backward_cuda(const TensorView& q, const TensorView& k, const T
   if (sh.s_q == 0) return zero_kv_grads(dk, dv, stream);
   if (sh.b == 0 || sh.h == 0) return Status::Ok();
 
-  // The forward's operands again (same quantizers, same bytes), in stream-ordered scratch.
-  const int64_t qd = sh.b * sh.h * sh.s_q * sh.d;
-  const int64_t kd = sh.b * sh.h_kv * sh.s_k * sh.d;
-  const int64_t vd = sh.b * sh.h_kv * sh.d * operand_v_pitch(sh.s_k);
-  const int64_t qs = sh.b * sh.h * operand_scale_tiles(sh.s_q);
-  const int64_t ks = sh.b * sh.h_kv * operand_scale_tiles(sh.s_k);
-  const int64_t vs = sh.b * sh.h_kv * sh.d;
-  const int64_t bytes = round256(qd) + round256(kd) + round256(vd) + round256(4 * qs) +
-                        round256(4 * ks) + round256(4 * vs);
-  void* scratch = nullptr;
-  FP4ATTN_RETURN_IF_ERROR(
-      cuda_status(cudaMallocAsync(&scratch, size_t(bytes), stream), "operand scratch"));
-  uint8_t* cur = static_cast<uint8_t*>(scratch);
-  auto take = [&](int64_t n) {
-    void* r = cur;
-    cur += round256(n);
-    return r;
-  };
-  ForwardOperands in;
-  in.q_data = make_view(take(qd), DType::kE4M3, {sh.b, sh.h, sh.s_q, sh.d});
-  in.k_data = make_view(take(kd), DType::kE4M3, {sh.b, sh.h_kv, sh.s_k, sh.d});
-  in.v_data = make_view(take(vd), DType::kE4M3, {sh.b, sh.h_kv, sh.d, operand_v_pitch(sh.s_k)});
-  in.q_scale = make_view(take(4 * qs), DType::kF32, {sh.b, sh.h, operand_scale_tiles(sh.s_q)});
-  in.k_scale = make_view(take(4 * ks), DType::kF32, {sh.b, sh.h_kv, operand_scale_tiles(sh.s_k)});
-  in.v_scale = make_view(take(4 * vs), DType::kF32, {sh.b, sh.h_kv, sh.d});
-  Status st =
-      quantize_operand_cuda(q, opt.recipe, OperandRole::kQ, {}, in.q_data, in.q_scale, {}, stream);
-  if (st.ok() && sh.s_k > 0) {
-    st = quantize_operand_cuda(k, opt.recipe, OperandRole::kK, {}, in.k_data, in.k_scale, {},
-                               stream);
-  }
-  if (st.ok() && sh.s_k > 0) {
-    st = quantize_operand_cuda(v, opt.recipe, OperandRole::kV, {}, in.v_data, in.v_scale, {},
-                               stream);
-  }
-  if (st.ok()) st = run_backward(in, opt, o, lse, dout, dq, dk, dv, bopt, sh, stream);
-  const cudaError_t e = cudaFreeAsync(scratch, stream);
-  if (st.ok()) st = cuda_status(e, "operand scratch");
-  return st;
+  // The forward's operands again (same quantizers, same bytes).
+  return with_quantized_operands(q, k, v, opt, sh, stream, [&](const ForwardOperands& in) {
+    return run_backward(in, opt, o, lse, dout, dq, dk, dv, bopt, sh, stream);
+  });
 }
 
 }  // namespace fp4attn

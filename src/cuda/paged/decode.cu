@@ -12,6 +12,7 @@
 #include "api/validate_attention.h"
 #include "api/validate_paged.h"
 #include "cuda/paged/decode_kernel.cuh"
+#include "cuda/paged/host_checks.h"
 #include "fp4attn/paged_attention_cuda.h"
 
 namespace fp4attn {
@@ -35,18 +36,6 @@ Status cuda_status(cudaError_t e, const char* what) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// A data view read in `bytes`-byte vectors: address and outer strides multiples of `bytes`.
-Status check_vector_view(const TensorView& t, const char* name, int bytes) {
-  bool ok = reinterpret_cast<uintptr_t>(t.data) % bytes == 0;
-  for (int i = 0; i < 3; ++i) ok = ok && (t.shape[i] <= 1 || t.stride[i] % bytes == 0);
-  if (ok) return Status::Ok();
-  return Status::Unsupported(std::string(name) + ": the decode kernel reads " +
-                             std::to_string(bytes) +
-                             "-byte vectors: the data address and the page, token and head "
-                             "strides must be multiples of " +
-                             std::to_string(bytes) + " bytes");
-}
-
 // The kernel adds 32-bit offsets inside a page (token and head strides, the lane's chunk): the
 // largest must fit.
 Status check_in_page(const TensorView& t, const char* name) {
@@ -57,18 +46,6 @@ Status check_in_page(const TensorView& t, const char* name) {
                              std::to_string(last) +
                              " bytes; the decode kernel needs them below 2^31 (token and head "
                              "strides)");
-}
-
-Status check_host_copy(const TensorView& host, const TensorView& dev, const char* name) {
-  FP4ATTN_RETURN_IF_ERROR(check_dtype(host, name, {DType::kI32}));
-  FP4ATTN_RETURN_IF_ERROR(check_strides(host, name));
-  bool same = host.rank == dev.rank;
-  for (int i = 0; same && i < dev.rank; ++i) same = host.shape[i] == dev.shape[i];
-  if (!same) {
-    return Status::Invalid(std::string(name) + ": expected shape " + dev.shape_str() +
-                           " like the device tensor, got " + host.shape_str());
-  }
-  return check_not_null(host, name);
 }
 
 DecodeSide side_of(const TensorView& data, const TensorView& scales, const TensorView& global) {
@@ -116,8 +93,8 @@ Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedK
   }
   const bool fp4 = cache.format == KvCacheFormat::kNvfp4;
   const int vec = fp4 ? static_cast<int>(kv.head_dim / 8) : 16;
-  FP4ATTN_RETURN_IF_ERROR(check_vector_view(cache.k_data, "k_cache", vec));
-  FP4ATTN_RETURN_IF_ERROR(check_vector_view(cache.v_data, "v_cache", vec));
+  FP4ATTN_RETURN_IF_ERROR(paged::check_vector_view(cache.k_data, "k_cache", vec, "decode"));
+  FP4ATTN_RETURN_IF_ERROR(paged::check_vector_view(cache.v_data, "v_cache", vec, "decode"));
   FP4ATTN_RETURN_IF_ERROR(check_in_page(cache.k_data, "k_cache"));
   FP4ATTN_RETURN_IF_ERROR(check_in_page(cache.v_data, "v_cache"));
   FP4ATTN_RETURN_IF_ERROR(check_in_page(cache.k_scales, "k_scales"));
@@ -131,12 +108,13 @@ Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedK
   plan->max_len = qs.max_pages * kv.page_size;
   int64_t max_sq = qs.varlen ? -1 : qs.s_q;
   if (have_host) {
+    FP4ATTN_RETURN_IF_ERROR(paged::check_host_copy_like(copt.block_tables_host, block_tables,
+                                                        "copt.block_tables_host"));
     FP4ATTN_RETURN_IF_ERROR(
-        check_host_copy(copt.block_tables_host, block_tables, "copt.block_tables_host"));
-    FP4ATTN_RETURN_IF_ERROR(check_host_copy(copt.seq_lens_host, seq_lens, "copt.seq_lens_host"));
+        paged::check_host_copy_like(copt.seq_lens_host, seq_lens, "copt.seq_lens_host"));
     if (qs.varlen) {
-      FP4ATTN_RETURN_IF_ERROR(
-          check_host_copy(copt.cu_seqlens_q_host, cu_seqlens_q, "copt.cu_seqlens_q_host"));
+      FP4ATTN_RETURN_IF_ERROR(paged::check_host_copy_like(copt.cu_seqlens_q_host, cu_seqlens_q,
+                                                          "copt.cu_seqlens_q_host"));
     }
     FP4ATTN_RETURN_IF_ERROR(validate_paged_indices(copt.cu_seqlens_q_host, copt.block_tables_host,
                                                    copt.seq_lens_host, kv, qs));
@@ -194,8 +172,7 @@ Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedK
   }
   p.pages16 = kv.page_size % 16 == 0;
   p.k_scales_u16 = p.k.scales != nullptr && reinterpret_cast<uintptr_t>(p.k.scales) % 2 == 0 &&
-                   p.k.scales_s[0] % 2 == 0 && p.k.scales_s[1] % 2 == 0 &&
-                   p.k.scales_s[2] % 2 == 0;
+                   p.k.scales_s[0] % 2 == 0 && p.k.scales_s[1] % 2 == 0 && p.k.scales_s[2] % 2 == 0;
   p.num_pages = static_cast<int32_t>(kv.num_pages);
   p.max_pages = static_cast<int32_t>(std::min<int64_t>(qs.max_pages, INT32_MAX));
   p.h = static_cast<int32_t>(qs.h);

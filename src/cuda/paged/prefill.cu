@@ -13,6 +13,7 @@
 #include "api/validate_forward.h"
 #include "api/validate_operands.h"
 #include "api/validate_paged.h"
+#include "cuda/paged/host_checks.h"
 #include "cuda/paged/prefill_repack.h"
 #include "fp4attn/attention_cuda.h"
 #include "fp4attn/operands_cuda.h"
@@ -35,27 +36,7 @@ Status check_host_copy(const TensorView& host, const TensorView& dev, const char
                            ": required (host copy of the device tensor: the launches need the "
                            "lengths on the host)");
   }
-  FP4ATTN_RETURN_IF_ERROR(check_dtype(host, name, {DType::kI32}));
-  FP4ATTN_RETURN_IF_ERROR(check_strides(host, name));
-  bool same = host.rank == dev.rank;
-  for (int i = 0; same && i < dev.rank; ++i) same = host.shape[i] == dev.shape[i];
-  if (!same) {
-    return Status::Invalid(std::string(name) + ": expected shape " + dev.shape_str() +
-                           " like the device tensor, got " + host.shape_str());
-  }
-  return check_not_null(host, name);
-}
-
-// A cache data view read in `bytes`-byte vectors.
-Status check_vector_view(const TensorView& t, const char* name, int bytes) {
-  bool ok = reinterpret_cast<uintptr_t>(t.data) % bytes == 0;
-  for (int i = 0; i < 3; ++i) ok = ok && (t.shape[i] <= 1 || t.stride[i] % bytes == 0);
-  if (ok) return Status::Ok();
-  return Status::Unsupported(std::string(name) + ": the repack kernel reads " +
-                             std::to_string(bytes) +
-                             "-byte vectors: the data address and the page, token and head "
-                             "strides must be multiples of " +
-                             std::to_string(bytes) + " bytes");
+  return paged::check_host_copy_like(host, dev, name);
 }
 
 paged::RepackSide side_of(const TensorView& data, const TensorView& scales,
@@ -90,8 +71,10 @@ Status check_repack(const PagedKvCache& cache, const TensorView& block_tables,
                            " differ from block_tables' batch and the cache's kv heads/head_dim");
   }
   const bool fp4 = cache.format == KvCacheFormat::kNvfp4;
-  FP4ATTN_RETURN_IF_ERROR(check_vector_view(cache.k_data, "k_cache", fp4 ? 8 : 16));
-  FP4ATTN_RETURN_IF_ERROR(check_vector_view(cache.v_data, "v_cache", fp4 ? 8 : 16));
+  FP4ATTN_RETURN_IF_ERROR(
+      paged::check_vector_view(cache.k_data, "k_cache", fp4 ? 8 : 16, "repack"));
+  FP4ATTN_RETURN_IF_ERROR(
+      paged::check_vector_view(cache.v_data, "v_cache", fp4 ? 8 : 16, "repack"));
   // The lengths and page ids the kernel will use (host copy).
   const int64_t max_pages = block_tables.shape[1];
   const int32_t* bt = block_tables_host.as<const int32_t>();
