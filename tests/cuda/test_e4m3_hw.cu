@@ -1,11 +1,11 @@
 // Device sweeps of the fast exact helpers of the packed quantizer (src/cuda/quantize/
 // packed_common.cuh) against the reference codecs, on every input where that is 2^31 / 2^32
-// values: the E4M3 scale encoders of each rule, the E2M1 term and magnitude, the division by 6
+// values: the E4M3 scale encoders of each rule (e4m3_code_nearest is the hardware
+// cvt.rn.satfinite.e4m3x2.f32 on the device), the E2M1 term and magnitude, the division by 6
 // of 16-bit amaxes, the PRMT sign gather and the 8-value encoder. Also records the claim that the
-// hardware cvt.rn.satfinite.e4m3x2.f32 equals float_to_e4m3 on every finite float (not used by
-// the kernels yet). The host side of the same helpers is checked by the same comparisons in
-// hand-run sweeps; here it is the device arithmetic (__fsub_rn, __float2uint_ru, prmt) that is
-// verified. Skips when no GPU is present.
+// raw hardware cvt equals float_to_e4m3 on every finite float, both lanes. The host side of the
+// same helpers is checked by the same comparisons in hand-run sweeps; here it is the device
+// arithmetic (__fsub_rn, __float2uint_ru, prmt) that is verified. Skips when no GPU is present.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>

@@ -637,16 +637,23 @@ __global__ void __launch_bounds__(kThreads)
         dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
         dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
       } else {
-        uint32_t w[4];
-        const uint32_t sc = packed::mxfp4_block<MxScaleRule::kRoundUp>(v, amax, w);
+        // Magnitudes through the fold row (PRMT selectors), signs XORed in from the values' top
+        // bytes (v[i] has the sign of the code: plain inputs and smoothed differences alike);
+        // a zero block (sc 0) has all codes +0, a NaN block (0xFF) is overwritten below.
+        uint32_t mag[4];
+        const uint32_t sc = packed::mxfp4_block_mag<MxScaleRule::kRoundUp>(v, amax, mag);
         const int k = static_cast<int>(sc) - 127 - t;
         const uint2 row = __ldg(
             g_mx_fold + min(max(k - operand_fast::kMxFoldMinK, 0), operand_fast::kMxFoldRows - 1));
+        const uint32_t smask = sc != 0 ? 0x80808080u : 0u;
+        uint32_t sb[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) sb[q] = operand_fast::sign_bytes4_f32(v + 4 * q);
         uint4 o0, o1;
-        operand_fast::fold8(w[0], row.x, row.y, o0.x, o0.y);
-        operand_fast::fold8(w[1], row.x, row.y, o0.z, o0.w);
-        operand_fast::fold8(w[2], row.x, row.y, o1.x, o1.y);
-        operand_fast::fold8(w[3], row.x, row.y, o1.z, o1.w);
+        operand_fast::fold8_mag(mag[0], row.x, row.y, sb[0], sb[1], smask, o0.x, o0.y);
+        operand_fast::fold8_mag(mag[1], row.x, row.y, sb[2], sb[3], smask, o0.z, o0.w);
+        operand_fast::fold8_mag(mag[2], row.x, row.y, sb[4], sb[5], smask, o1.x, o1.y);
+        operand_fast::fold8_mag(mag[3], row.x, row.y, sb[6], sb[7], smask, o1.z, o1.w);
         if (sc == 0xFFu) {
           o0 = o1 = make_uint4(0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);
         }

@@ -124,20 +124,6 @@ __device__ __forceinline__ uint32_t abs_max2_to_f32_bits(uint32_t acc) {
 
 using packed::prmt;  // PTX prmt.b32 (default mode)
 
-// Eight packed E2M1 codes (element i in bits 4i..4i+3) -> eight folded bytes (o0: elements 0..3,
-// o1: 4..7) through the row (t0: magnitudes 0..3, t1: 4..7).
-__device__ __forceinline__ void fold8(uint32_t w, uint32_t t0, uint32_t t1, uint32_t& o0,
-                                      uint32_t& o1) {
-  // Magnitudes: selector nibbles with the sign bit cleared (PRMT's plain byte select).
-  const uint32_t m0 = prmt(t0, t1, w & 0x7777u);
-  const uint32_t m1 = prmt(t0, t1, (w >> 16) & 0x7777u);
-  // Signs: bit 3 of nibble i. (w << 4) holds the signs of the even elements 0, 2, 4, 6 at bit 7
-  // of bytes 0..3; w those of the odd elements 1, 3, 5, 7. Interleave the bytes, keep bit 7.
-  const uint32_t ev = w << 4;
-  o0 = m0 ^ (prmt(ev, w, 0x5140u) & 0x80808080u);
-  o1 = m1 ^ (prmt(ev, w, 0x7362u) & 0x80808080u);
-}
-
 // Sign bytes for the fold of magnitudes (fold8_mag): bit 7 of byte k = sign of element k of
 // four 16-bit values (words w0 = elements 0, 1 and w1 = 2, 3): their high bytes, one PRMT.
 __device__ __forceinline__ uint32_t sign_bytes4_16(uint32_t w0, uint32_t w1) {

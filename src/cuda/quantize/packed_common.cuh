@@ -64,14 +64,35 @@ FP4ATTN_HD float div6_16bit(float a) {
   return fmaf(fmaf(-q0, 6.f, a), r6, q0);
 }
 
-// float_to_e4m3(sf) for finite sf >= 0 (sign clear). E4M3 subnormals (sf < 2^-6): RNE(sf * 2^9)
-// by one addition in the binade of 2^14 (ulp 2^-9); normals: RNE at bit 20 of the FP32 bits,
-// rebias 127 -> 7, saturate at 448 (0x7E).
+// float_to_e4m3(sf) for finite sf >= 0 (sign clear). Host: E4M3 subnormals (sf < 2^-6):
+// RNE(sf * 2^9) by one addition in the binade of 2^14 (ulp 2^-9); normals: RNE at bit 20 of the
+// FP32 bits, rebias 127 -> 7, saturate at 448 (0x7E). Device: the hardware
+// cvt.rn.satfinite.e4m3x2.f32, which is float_to_e4m3 on every finite float (one conversion
+// instead of ~11 instructions; PackedFastHelpersGpu sweeps this function against float_to_e4m3
+// on all 2^31 non-negative floats on the device, and the same sweep checks the raw cvt).
 FP4ATTN_HD uint32_t e4m3_code_nearest(float sf) {
+#if defined(__CUDA_ARCH__)
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %1;" : "=h"(r) : "f"(sf));
+  return r & 0xFFu;
+#else
   const uint32_t b = float_bits(sf);
   if (b < 0x3C800000u) return float_bits(detail::sub_rn(sf, -16384.f)) - 0x46800000u;
   const uint32_t r = (b + 0x7FFFFu + ((b >> 20) & 1u)) >> 20;
   return r - 960u < 0x7Eu ? r - 960u : 0x7Eu;
+#endif
+}
+
+// e4m3_code_nearest of two finite floats >= 0 in one conversion: lo in bits 0..7, hi in bits
+// 8..15 (device: one cvt.rn.satfinite.e4m3x2.f32).
+FP4ATTN_HD uint32_t e4m3_codes_nearest2(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return e4m3_code_nearest(lo) | (e4m3_code_nearest(hi) << 8);
+#endif
 }
 
 // detail::e4m3_round_up(sf) for finite sf >= 0: the smallest E4M3 value >= sf, 448 at most.
@@ -128,6 +149,14 @@ FP4ATTN_HD uint32_t e2m1_mag_term(float y, float* r) {
   const float m = fmaf(p, 4194304.f, a);
   *r = fmaf(-p, 4194304.f, m);  // m - p * 2^22, exact (= sub_rn(m, mul_rn(p, 2^22)))
   return float_bits(m) * 0x400001u;
+}
+
+// e2m1_mag_term for a = |y| already known to lie in [0, 6] (MXFP4 with the round-up exponent:
+// |x| 2^-e <= amax 2^-e <= 6): the clamp of e2m1_mag_term is then the identity and is left out
+// (one FMNMX per value), so the result is e2m1_mag_term(a) by construction.
+FP4ATTN_HD uint32_t e2m1_mag_term_le6(float a) {
+  const float p = bits_float(float_bits(fmaxf(a, 1.f)) & 0x7F800000u);
+  return float_bits(fmaf(p, 4194304.f, a)) * 0x400001u;
 }
 
 // Magnitude codes of eight terms, element i in bits 4i..4i+2 (bit 4i+3 zero).

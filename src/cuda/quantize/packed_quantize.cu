@@ -211,8 +211,15 @@ __global__ void __launch_bounds__(kThreads) mxfp4_packed_kernel(const QuantParam
     // max of two non-negative (or NaN) floats by their bits: NaN-propagating.
     const float amax = __uint_as_float(max(__float_as_uint(a0), __float_as_uint(a1)));
     uint32_t w[4];
-    const uint8_t s = packed::mxfp4_block<kRule>(x, amax, w);
-    __stcs(p.scales + scale_offset(p, u), s);
+    const uint32_t s = packed::mxfp4_block_mag<kRule>(x, amax, w);
+    // Signs from the input bits (x[i] has the sign of its 16-bit value, -0 included), kept
+    // unless the block's codes are all 0 (scale 0x00 or 0xFF).
+    const uint32_t sign_mask = s - 1u < 0xFEu ? 0x88888888u : 0u;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      w[k] |= packed::sign_nibbles8(v[k].x, v[k].y, v[k].z, v[k].w) & sign_mask;
+    }
+    __stcs(p.scales + scale_offset(p, u), static_cast<uint8_t>(s));
     __stcs(reinterpret_cast<uint4*>(p.packed + 16 * u), make_uint4(w[0], w[1], w[2], w[3]));
   }
 }
