@@ -39,7 +39,7 @@
 #include <string>
 
 #include "cuda/quantize/operand_qk_fast.cuh"
-#include "cuda/quantize/packed_blocks.cuh"  // packed::mxfp4_block
+#include "cuda/quantize/packed_blocks.cuh"  // packed::nvfp4_fill_scale_table, nvfp4_table_finite
 #include "cuda/quantize/validate_cuda.h"
 #include "fp4attn/formats.h"
 #include "fp4attn/operands_cuda.h"
@@ -638,28 +638,18 @@ __global__ void __launch_bounds__(kThreads)
         dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
       } else {
         // Magnitudes through the fold row (PRMT selectors), signs XORed in from the values' top
-        // bytes (v[i] has the sign of the code: plain inputs and smoothed differences alike);
-        // a zero block (sc 0) has all codes +0, a NaN block (0xFF) is overwritten below.
-        uint32_t mag[4];
-        const uint32_t sc = packed::mxfp4_block_mag<MxScaleRule::kRoundUp>(v, amax, mag);
-        const int k = static_cast<int>(sc) - 127 - t;
-        const uint2 row = __ldg(
-            g_mx_fold + min(max(k - operand_fast::kMxFoldMinK, 0), operand_fast::kMxFoldRows - 1));
-        const uint32_t smask = sc != 0 ? 0x80808080u : 0u;
-        uint32_t sb[8];
-#pragma unroll
-        for (int q = 0; q < 8; ++q) sb[q] = operand_fast::sign_bytes4_f32(v + 4 * q);
-        uint4 o0, o1;
-        operand_fast::fold8_mag(mag[0], row.x, row.y, sb[0], sb[1], smask, o0.x, o0.y);
-        operand_fast::fold8_mag(mag[1], row.x, row.y, sb[2], sb[3], smask, o0.z, o0.w);
-        operand_fast::fold8_mag(mag[2], row.x, row.y, sb[4], sb[5], smask, o1.x, o1.y);
-        operand_fast::fold8_mag(mag[3], row.x, row.y, sb[6], sb[7], smask, o1.z, o1.w);
-        if (sc == 0xFFu) {
-          o0 = o1 = make_uint4(0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);
-        }
+        // bytes wherever amax is finite and nonzero (operand_fast::mxfp4_operand_block).
+        uint32_t o[8];
+        operand_fast::mxfp4_operand_block(
+            v, amax, t,
+            [](int i) {
+              const uint2 r = __ldg(g_mx_fold + i);
+              return (uint64_t{r.y} << 32) | r.x;
+            },
+            o);
         uint4* dst = reinterpret_cast<uint4*>(static_cast<uint8_t*>(data) + out);
-        dst[0] = o0;
-        dst[1] = o1;
+        dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+        dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
       }
       if (blk == 0 && token % kOperandTileTokens == 0) {
         scale[bh * tiles + token / kOperandTileTokens] = factor;

@@ -126,38 +126,6 @@ __device__ __forceinline__ uint32_t nvfp4_block_vec_46(const uint4& a, const uin
   return code;
 }
 
-// MXFP4 block of 32 values with amax = block_amax(x): returns the E8M0 code; mag[j] holds the
-// E2M1 magnitudes of x[8j..8j+8) (element i in bits 4i..4i+2, bit 4i+3 zero); the caller adds
-// x's signs where the code is neither 0x00 (amax 0: every code +0) nor 0xFF (NaN/Inf: codes 0).
-// The scaling x * 2^-e is a single exact multiply: e <= floor_log2(FLT_MAX) - 2 + 1 = 126, so
-// scale_pow2 never takes its two-factor branch. kRoundUp: amax <= 6 * 2^e (e clamped to >= -127
-// only raises 2^e), so every |x| 2^-e <= 6 and the E2M1 term needs no clamp (e2m1_mag_term_le6:
-// per value FMUL, FMNMX, LOP3, FFMA, IMAD, LEA.HI). kOcpFloor: |x| 2^-e < 8, clamped at 6.
-template <MxScaleRule kRule>
-__device__ __forceinline__ uint32_t mxfp4_block_mag(const float (&x)[kMxfp4Block], float amax,
-                                                    uint32_t (&mag)[4]) {
-  const bool bad = !detail::is_finite(amax);
-  if (bad || amax == 0.f) {
-    mag[0] = mag[1] = mag[2] = mag[3] = 0;
-    return bad ? 0xFFu : 0x00u;
-  }
-  int e = floor_log2(amax) - 2;
-  if (kRule == MxScaleRule::kRoundUp && detail::normalized_fraction(float_bits(amax)) > 0x400000u) {
-    ++e;
-  }
-  const uint8_t scale = ue8m0_from_exponent(e);
-  const float p = detail::pow2_normal(127 - static_cast<int>(scale));  // 2^-e, -e in [-126, 127]
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    uint32_t t[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float a = fabsf(detail::mul_rn(x[8 * j + i], p));  // |x| 2^-e, exact sign-free
-      t[i] = kRule == MxScaleRule::kRoundUp ? e2m1_mag_term_le6(a) : e2m1_mag_term(a);
-    }
-    mag[j] = e2m1_pack8_magnitudes(t);
-  }
-  return scale;
-}
+// MXFP4 blocks: packed::mxfp4_block_mag / mxfp4_block_codes (packed_common.cuh, host-tested).
 
 }  // namespace fp4attn::packed

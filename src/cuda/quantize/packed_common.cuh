@@ -219,6 +219,75 @@ FP4ATTN_HD uint32_t e2m1_encode8(const float (&x)[8], float inv, uint32_t w0, ui
   return e2m1_pack8_magnitudes(t) | (sign_nibbles8(w0, w1, w2, w3) & sign_mask);
 }
 
+// ---- MXFP4 blocks (host and device: tests/formats/test_mxfp4_signs.cc drives these very
+// functions against mxfp4_quantize_block) ------------------------------------------------------
+
+// Whether the E2M1 codes of an MXFP4 block carry its values' signs: amax (>= 0, or NaN) finite
+// and nonzero. Not a function of the scale code: 0x00 is both the zero block's code (codes all
+// +0) and the scale 2^-127 of every nonzero block whose exponent clamps at -127 (amax <=
+// 6 * 2^-127 round-up, < 2^-124 OCP floor: BF16 subnormals and the smallest normals reach it,
+// FP16 cannot), whose codes keep their signs (-0 included).
+FP4ATTN_HD bool mxfp4_block_signed(float amax) {
+  return float_bits(amax) - 1u < detail::kFltMaxBits;  // bits in [1, FLT_MAX bits]
+}
+
+// MXFP4 block of 32 values with amax = block_amax(x): returns the E8M0 code; mag[j] holds the
+// E2M1 magnitudes of x[8j..8j+8) (element i in bits 4i..4i+2, bit 4i+3 zero); the caller adds
+// x's signs where mxfp4_block_signed(amax) (amax 0: codes +0; NaN/Inf: scale 0xFF, codes 0).
+// The scaling x * 2^-e is a single exact multiply: e <= floor_log2(FLT_MAX) - 2 + 1 = 126, so
+// scale_pow2 never takes its two-factor branch. kRoundUp: amax <= 6 * 2^e (e clamped to >= -127
+// only raises 2^e), so every |x| 2^-e <= 6 and the E2M1 term needs no clamp (e2m1_mag_term_le6:
+// per value FMUL, FMNMX, LOP3, FFMA, IMAD, LEA.HI). kOcpFloor: |x| 2^-e < 8, clamped at 6.
+template <MxScaleRule kRule>
+FP4ATTN_HD uint32_t mxfp4_block_mag(const float (&x)[kMxfp4Block], float amax,
+                                    uint32_t (&mag)[4]) {
+  const bool bad = !detail::is_finite(amax);
+  if (bad || amax == 0.f) {
+    mag[0] = mag[1] = mag[2] = mag[3] = 0;
+    return bad ? 0xFFu : 0x00u;
+  }
+  int e = floor_log2(amax) - 2;
+  if (kRule == MxScaleRule::kRoundUp && detail::normalized_fraction(float_bits(amax)) > 0x400000u) {
+    ++e;
+  }
+  const uint8_t scale = ue8m0_from_exponent(e);
+  const float p = detail::pow2_normal(127 - static_cast<int>(scale));  // 2^-e, -e in [-126, 127]
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int j = 0; j < 4; ++j) {
+    uint32_t t[8];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int i = 0; i < 8; ++i) {
+      const float a = fabsf(detail::mul_rn(x[8 * j + i], p));  // |x| 2^-e, exact sign-free
+      t[i] = kRule == MxScaleRule::kRoundUp ? e2m1_mag_term_le6(a) : e2m1_mag_term(a);
+    }
+    mag[j] = e2m1_pack8_magnitudes(t);
+  }
+  return scale;
+}
+
+// The packed quantizer's MXFP4 block: the 32 values x of the 16-bit input words `in` (element 2k
+// in the low half of word k; x[i] has the sign of its 16-bit value, -0 included) with amax =
+// block_amax(x) -> the E8M0 code, the codes (pack8 order) in w. Equal to mxfp4_quantize_block
+// packed with pack_e2m1x2: magnitudes by mxfp4_block_mag, signs from the input bits
+// (sign_nibbles8) wherever mxfp4_block_signed(amax).
+template <MxScaleRule kRule>
+FP4ATTN_HD uint32_t mxfp4_block_codes(const float (&x)[kMxfp4Block], float amax,
+                                      const uint32_t (&in)[16], uint32_t (&w)[4]) {
+  const uint32_t s = mxfp4_block_mag<kRule>(x, amax, w);
+  const uint32_t sign_mask = mxfp4_block_signed(amax) ? 0x88888888u : 0u;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int k = 0; k < 4; ++k) {
+    w[k] |= sign_nibbles8(in[4 * k], in[4 * k + 1], in[4 * k + 2], in[4 * k + 3]) & sign_mask;
+  }
+  return s;
+}
+
 // ---- 64-bit division by a runtime constant ------------------------------------------------------
 
 // n / d for n < 2^63 and 1 <= d < 2^62 (Granlund-Montgomery: m = floor(2^64 (2^l - d) / d) + 1, l = ceil(log2 d),
