@@ -39,7 +39,7 @@
 #include <string>
 
 #include "cuda/quantize/operand_qk_fast.cuh"
-#include "cuda/quantize/packed_blocks.cuh"  // packed::mxfp4_block
+#include "cuda/quantize/packed_blocks.cuh"  // packed::nvfp4_fill_scale_table, nvfp4_table_finite
 #include "cuda/quantize/validate_cuda.h"
 #include "fp4attn/formats.h"
 #include "fp4attn/operands_cuda.h"
@@ -637,22 +637,19 @@ __global__ void __launch_bounds__(kThreads)
         dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
         dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
       } else {
-        uint32_t w[4];
-        const uint32_t sc = packed::mxfp4_block<MxScaleRule::kRoundUp>(v, amax, w);
-        const int k = static_cast<int>(sc) - 127 - t;
-        const uint2 row = __ldg(
-            g_mx_fold + min(max(k - operand_fast::kMxFoldMinK, 0), operand_fast::kMxFoldRows - 1));
-        uint4 o0, o1;
-        operand_fast::fold8(w[0], row.x, row.y, o0.x, o0.y);
-        operand_fast::fold8(w[1], row.x, row.y, o0.z, o0.w);
-        operand_fast::fold8(w[2], row.x, row.y, o1.x, o1.y);
-        operand_fast::fold8(w[3], row.x, row.y, o1.z, o1.w);
-        if (sc == 0xFFu) {
-          o0 = o1 = make_uint4(0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);
-        }
+        // Magnitudes through the fold row (PRMT selectors), signs XORed in from the values' top
+        // bytes wherever amax is finite and nonzero (operand_fast::mxfp4_operand_block).
+        uint32_t o[8];
+        operand_fast::mxfp4_operand_block(
+            v, amax, t,
+            [](int i) {
+              const uint2 r = __ldg(g_mx_fold + i);
+              return (uint64_t{r.y} << 32) | r.x;
+            },
+            o);
         uint4* dst = reinterpret_cast<uint4*>(static_cast<uint8_t*>(data) + out);
-        dst[0] = o0;
-        dst[1] = o1;
+        dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+        dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
       }
       if (blk == 0 && token % kOperandTileTokens == 0) {
         scale[bh * tiles + token / kOperandTileTokens] = factor;

@@ -79,6 +79,65 @@ FP4ATTN_HD uint32_t sign_nibbles_f8(const float* x) {
   return ((even >> 4) & 0x08080808u) | (odd & 0x80808080u);
 }
 
+// Sign bytes for the fold of magnitudes (fold8_mag): bit 7 of byte k = sign of element k of
+// four 16-bit values (words w0 = elements 0, 1 and w1 = 2, 3): their high bytes, one PRMT.
+FP4ATTN_HD uint32_t sign_bytes4_16(uint32_t w0, uint32_t w1) {
+  return packed::prmt(w0, w1, 0x7531u);
+}
+
+// The same for four floats (their top bytes).
+FP4ATTN_HD uint32_t sign_bytes4_f32(const float* x) {
+  const uint32_t a = packed::prmt(float_bits(x[0]), float_bits(x[1]), 0x0073u);
+  const uint32_t b = packed::prmt(float_bits(x[2]), float_bits(x[3]), 0x0073u);
+  return packed::prmt(a, b, 0x5410u);
+}
+
+// Eight E2M1 magnitudes (element i in bits 4i..4i+2, bit 4i+3 zero) -> eight folded bytes through
+// the row (t0: magnitudes 0..3, t1: 4..7): the magnitude nibbles are PRMT selectors as they are.
+// Signs: bit 7 of the bytes of s0 (elements 0..3) / s1 (4..7), kept where smask has them
+// (0x80808080, or 0 where the block's codes are all +0: NVFP4 scale code 0, MXFP4
+// !packed::mxfp4_block_signed(amax)). E4M3 is odd in the folded value (-0 included), so the sign
+// is an XOR.
+FP4ATTN_HD void fold8_mag(uint32_t mag, uint32_t t0, uint32_t t1, uint32_t s0, uint32_t s1,
+                          uint32_t smask, uint32_t& o0, uint32_t& o1) {
+  o0 = packed::prmt(t0, t1, mag) ^ (s0 & smask);
+  o1 = packed::prmt(t0, t1, mag >> 16) ^ (s1 & smask);
+}
+
+// One MXFP4 operand block (operand_qk.cu quantize_kernel, Mode::kMx): the 32 values v (plain
+// inputs, or smoothed differences x - mean) with amax = block_amax(v), slice offset t -> the 32
+// folded bytes o (element 4i + k in byte k of o[i]): E4M3(e2m1_i * 2^(scale - 127 - t)) with
+// (scale, e2m1) = mxfp4_quantize_block(v, kRoundUp), every byte 0x7F for a NaN/Inf block. Returns
+// the scale code. row(i) returns fold row i (mxfp4_fold_row(i + kMxFoldMinK); the device reads
+// its table). Signs from v's top bytes (the code of v_i has v_i's sign, -0 included) wherever
+// packed::mxfp4_block_signed(amax): not where the scale code is nonzero, as 0x00 is also the
+// scale 2^-127 of nonzero blocks.
+template <typename RowFn>
+FP4ATTN_HD uint32_t mxfp4_operand_block(const float (&v)[kMxfp4Block], float amax, int t,
+                                        RowFn&& row, uint32_t (&o)[8]) {
+  uint32_t mag[4];
+  const uint32_t sc = packed::mxfp4_block_mag<MxScaleRule::kRoundUp>(v, amax, mag);
+  const int k = static_cast<int>(sc) - 127 - t;
+  const int ri = k - kMxFoldMinK;
+  const uint64_t r = row(ri < 0 ? 0 : (ri > kMxFoldRows - 1 ? kMxFoldRows - 1 : ri));
+  const uint32_t t0 = static_cast<uint32_t>(r), t1 = static_cast<uint32_t>(r >> 32);
+  const uint32_t smask = packed::mxfp4_block_signed(amax) ? 0x80808080u : 0u;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int j = 0; j < 4; ++j) {
+    fold8_mag(mag[j], t0, t1, sign_bytes4_f32(v + 8 * j), sign_bytes4_f32(v + 8 * j + 4), smask,
+              o[2 * j], o[2 * j + 1]);
+  }
+  if (sc == 0xFFu) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int i = 0; i < 8; ++i) o[i] = 0x7F7F7F7Fu;
+  }
+  return sc;
+}
+
 #if defined(__CUDACC__)
 
 // 16-bit input words (two values each, element 0 low) as floats: BF16 is the high half of the
@@ -123,45 +182,6 @@ __device__ __forceinline__ uint32_t abs_max2_to_f32_bits(uint32_t acc) {
 }
 
 using packed::prmt;  // PTX prmt.b32 (default mode)
-
-// Eight packed E2M1 codes (element i in bits 4i..4i+3) -> eight folded bytes (o0: elements 0..3,
-// o1: 4..7) through the row (t0: magnitudes 0..3, t1: 4..7).
-__device__ __forceinline__ void fold8(uint32_t w, uint32_t t0, uint32_t t1, uint32_t& o0,
-                                      uint32_t& o1) {
-  // Magnitudes: selector nibbles with the sign bit cleared (PRMT's plain byte select).
-  const uint32_t m0 = prmt(t0, t1, w & 0x7777u);
-  const uint32_t m1 = prmt(t0, t1, (w >> 16) & 0x7777u);
-  // Signs: bit 3 of nibble i. (w << 4) holds the signs of the even elements 0, 2, 4, 6 at bit 7
-  // of bytes 0..3; w those of the odd elements 1, 3, 5, 7. Interleave the bytes, keep bit 7.
-  const uint32_t ev = w << 4;
-  o0 = m0 ^ (prmt(ev, w, 0x5140u) & 0x80808080u);
-  o1 = m1 ^ (prmt(ev, w, 0x7362u) & 0x80808080u);
-}
-
-// Sign bytes for the fold of magnitudes (fold8_mag): bit 7 of byte k = sign of element k of
-// four 16-bit values (words w0 = elements 0, 1 and w1 = 2, 3): their high bytes, one PRMT.
-__device__ __forceinline__ uint32_t sign_bytes4_16(uint32_t w0, uint32_t w1) {
-  return prmt(w0, w1, 0x7531u);
-}
-
-// The same for four floats (their top bytes).
-__device__ __forceinline__ uint32_t sign_bytes4_f32(const float* x) {
-  const uint32_t a = prmt(float_bits(x[0]), float_bits(x[1]), 0x0073u);
-  const uint32_t b = prmt(float_bits(x[2]), float_bits(x[3]), 0x0073u);
-  return prmt(a, b, 0x5410u);
-}
-
-// Eight E2M1 magnitudes (element i in bits 4i..4i+2, bit 4i+3 zero) -> eight folded bytes through
-// the row (t0: magnitudes 0..3, t1: 4..7): the magnitude nibbles are PRMT selectors as they are.
-// Signs: bit 7 of the bytes of s0 (elements 0..3) / s1 (4..7), kept where smask has them
-// (0x80808080, or 0 for a zero block scale, whose codes are all +0). E4M3 is odd in the folded
-// value (-0 included), so the sign is an XOR.
-__device__ __forceinline__ void fold8_mag(uint32_t mag, uint32_t t0, uint32_t t1, uint32_t s0,
-                                          uint32_t s1, uint32_t smask, uint32_t& o0,
-                                          uint32_t& o1) {
-  o0 = prmt(t0, t1, mag) ^ (s0 & smask);
-  o1 = prmt(t0, t1, mag >> 16) ^ (s1 & smask);
-}
 
 // float_to_e4m3 of four finite floats, element i in byte i.
 __device__ __forceinline__ uint32_t e4m3x4_finite(float y0, float y1, float y2, float y3) {

@@ -126,32 +126,6 @@ __device__ __forceinline__ uint32_t nvfp4_block_vec_46(const uint4& a, const uin
   return code;
 }
 
-// MXFP4 block of 32 values with amax = block_amax(x). Returns the E8M0 code, codes in w.
-// The scaling x * 2^-e is a single multiply: e <= floor_log2(FLT_MAX) - 2 + 1 = 126, so
-// scale_pow2 never takes its two-factor branch.
-template <MxScaleRule kRule>
-__device__ __forceinline__ uint8_t mxfp4_block(const float (&x)[kMxfp4Block], float amax,
-                                               uint32_t (&w)[4]) {
-  const bool bad = !detail::is_finite(amax);
-  if (bad || amax == 0.f) {
-    w[0] = w[1] = w[2] = w[3] = 0;
-    return bad ? 0xFF : 0x00;
-  }
-  int e = floor_log2(amax) - 2;
-  if (kRule == MxScaleRule::kRoundUp &&
-      detail::normalized_fraction(float_bits(amax)) > 0x400000u) {
-    ++e;
-  }
-  const uint8_t scale = ue8m0_from_exponent(e);
-  const float p = detail::pow2_normal(127 - static_cast<int>(scale));  // 2^-e, -e in [-126, 127]
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    uint32_t c[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) c[i] = e2m1_code_fast(detail::mul_rn(x[8 * j + i], p));
-    w[j] = pack8(c);
-  }
-  return scale;
-}
+// MXFP4 blocks: packed::mxfp4_block_mag / mxfp4_block_codes (packed_common.cuh, host-tested).
 
 }  // namespace fp4attn::packed

@@ -64,14 +64,35 @@ FP4ATTN_HD float div6_16bit(float a) {
   return fmaf(fmaf(-q0, 6.f, a), r6, q0);
 }
 
-// float_to_e4m3(sf) for finite sf >= 0 (sign clear). E4M3 subnormals (sf < 2^-6): RNE(sf * 2^9)
-// by one addition in the binade of 2^14 (ulp 2^-9); normals: RNE at bit 20 of the FP32 bits,
-// rebias 127 -> 7, saturate at 448 (0x7E).
+// float_to_e4m3(sf) for finite sf >= 0 (sign clear). Host: E4M3 subnormals (sf < 2^-6):
+// RNE(sf * 2^9) by one addition in the binade of 2^14 (ulp 2^-9); normals: RNE at bit 20 of the
+// FP32 bits, rebias 127 -> 7, saturate at 448 (0x7E). Device: the hardware
+// cvt.rn.satfinite.e4m3x2.f32, which is float_to_e4m3 on every finite float (one conversion
+// instead of ~11 instructions; PackedFastHelpersGpu sweeps this function against float_to_e4m3
+// on all 2^31 non-negative floats on the device, and the same sweep checks the raw cvt).
 FP4ATTN_HD uint32_t e4m3_code_nearest(float sf) {
+#if defined(__CUDA_ARCH__)
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %1;" : "=h"(r) : "f"(sf));
+  return r & 0xFFu;
+#else
   const uint32_t b = float_bits(sf);
   if (b < 0x3C800000u) return float_bits(detail::sub_rn(sf, -16384.f)) - 0x46800000u;
   const uint32_t r = (b + 0x7FFFFu + ((b >> 20) & 1u)) >> 20;
   return r - 960u < 0x7Eu ? r - 960u : 0x7Eu;
+#endif
+}
+
+// e4m3_code_nearest of two finite floats >= 0 in one conversion: lo in bits 0..7, hi in bits
+// 8..15 (device: one cvt.rn.satfinite.e4m3x2.f32).
+FP4ATTN_HD uint32_t e4m3_codes_nearest2(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+#else
+  return e4m3_code_nearest(lo) | (e4m3_code_nearest(hi) << 8);
+#endif
 }
 
 // detail::e4m3_round_up(sf) for finite sf >= 0: the smallest E4M3 value >= sf, 448 at most.
@@ -128,6 +149,14 @@ FP4ATTN_HD uint32_t e2m1_mag_term(float y, float* r) {
   const float m = fmaf(p, 4194304.f, a);
   *r = fmaf(-p, 4194304.f, m);  // m - p * 2^22, exact (= sub_rn(m, mul_rn(p, 2^22)))
   return float_bits(m) * 0x400001u;
+}
+
+// e2m1_mag_term for a = |y| already known to lie in [0, 6] (MXFP4 with the round-up exponent:
+// |x| 2^-e <= amax 2^-e <= 6): the clamp of e2m1_mag_term is then the identity and is left out
+// (one FMNMX per value), so the result is e2m1_mag_term(a) by construction.
+FP4ATTN_HD uint32_t e2m1_mag_term_le6(float a) {
+  const float p = bits_float(float_bits(fmaxf(a, 1.f)) & 0x7F800000u);
+  return float_bits(fmaf(p, 4194304.f, a)) * 0x400001u;
 }
 
 // Magnitude codes of eight terms, element i in bits 4i..4i+2 (bit 4i+3 zero).
@@ -188,6 +217,75 @@ FP4ATTN_HD uint32_t e2m1_encode8(const float (&x)[8], float inv, uint32_t w0, ui
 #endif
   for (int i = 0; i < 8; ++i) t[i] = e2m1_mag_term(detail::mul_rn(x[i], inv));
   return e2m1_pack8_magnitudes(t) | (sign_nibbles8(w0, w1, w2, w3) & sign_mask);
+}
+
+// ---- MXFP4 blocks (host and device: tests/formats/test_mxfp4_signs.cc drives these very
+// functions against mxfp4_quantize_block) ------------------------------------------------------
+
+// Whether the E2M1 codes of an MXFP4 block carry its values' signs: amax (>= 0, or NaN) finite
+// and nonzero. Not a function of the scale code: 0x00 is both the zero block's code (codes all
+// +0) and the scale 2^-127 of every nonzero block whose exponent clamps at -127 (amax <=
+// 6 * 2^-127 round-up, < 2^-124 OCP floor: BF16 subnormals and the smallest normals reach it,
+// FP16 cannot), whose codes keep their signs (-0 included).
+FP4ATTN_HD bool mxfp4_block_signed(float amax) {
+  return float_bits(amax) - 1u < detail::kFltMaxBits;  // bits in [1, FLT_MAX bits]
+}
+
+// MXFP4 block of 32 values with amax = block_amax(x): returns the E8M0 code; mag[j] holds the
+// E2M1 magnitudes of x[8j..8j+8) (element i in bits 4i..4i+2, bit 4i+3 zero); the caller adds
+// x's signs where mxfp4_block_signed(amax) (amax 0: codes +0; NaN/Inf: scale 0xFF, codes 0).
+// The scaling x * 2^-e is a single exact multiply: e <= floor_log2(FLT_MAX) - 2 + 1 = 126, so
+// scale_pow2 never takes its two-factor branch. kRoundUp: amax <= 6 * 2^e (e clamped to >= -127
+// only raises 2^e), so every |x| 2^-e <= 6 and the E2M1 term needs no clamp (e2m1_mag_term_le6:
+// per value FMUL, FMNMX, LOP3, FFMA, IMAD, LEA.HI). kOcpFloor: |x| 2^-e < 8, clamped at 6.
+template <MxScaleRule kRule>
+FP4ATTN_HD uint32_t mxfp4_block_mag(const float (&x)[kMxfp4Block], float amax,
+                                    uint32_t (&mag)[4]) {
+  const bool bad = !detail::is_finite(amax);
+  if (bad || amax == 0.f) {
+    mag[0] = mag[1] = mag[2] = mag[3] = 0;
+    return bad ? 0xFFu : 0x00u;
+  }
+  int e = floor_log2(amax) - 2;
+  if (kRule == MxScaleRule::kRoundUp && detail::normalized_fraction(float_bits(amax)) > 0x400000u) {
+    ++e;
+  }
+  const uint8_t scale = ue8m0_from_exponent(e);
+  const float p = detail::pow2_normal(127 - static_cast<int>(scale));  // 2^-e, -e in [-126, 127]
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int j = 0; j < 4; ++j) {
+    uint32_t t[8];
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int i = 0; i < 8; ++i) {
+      const float a = fabsf(detail::mul_rn(x[8 * j + i], p));  // |x| 2^-e, exact sign-free
+      t[i] = kRule == MxScaleRule::kRoundUp ? e2m1_mag_term_le6(a) : e2m1_mag_term(a);
+    }
+    mag[j] = e2m1_pack8_magnitudes(t);
+  }
+  return scale;
+}
+
+// The packed quantizer's MXFP4 block: the 32 values x of the 16-bit input words `in` (element 2k
+// in the low half of word k; x[i] has the sign of its 16-bit value, -0 included) with amax =
+// block_amax(x) -> the E8M0 code, the codes (pack8 order) in w. Equal to mxfp4_quantize_block
+// packed with pack_e2m1x2: magnitudes by mxfp4_block_mag, signs from the input bits
+// (sign_nibbles8) wherever mxfp4_block_signed(amax).
+template <MxScaleRule kRule>
+FP4ATTN_HD uint32_t mxfp4_block_codes(const float (&x)[kMxfp4Block], float amax,
+                                      const uint32_t (&in)[16], uint32_t (&w)[4]) {
+  const uint32_t s = mxfp4_block_mag<kRule>(x, amax, w);
+  const uint32_t sign_mask = mxfp4_block_signed(amax) ? 0x88888888u : 0u;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int k = 0; k < 4; ++k) {
+    w[k] |= sign_nibbles8(in[4 * k], in[4 * k + 1], in[4 * k + 2], in[4 * k + 3]) & sign_mask;
+  }
+  return s;
 }
 
 // ---- 64-bit division by a runtime constant ------------------------------------------------------

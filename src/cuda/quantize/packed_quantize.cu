@@ -210,9 +210,13 @@ __global__ void __launch_bounds__(kThreads) mxfp4_packed_kernel(const QuantParam
     const float a1 = half_values<T>(v[2], v[3], x + 16);
     // max of two non-negative (or NaN) floats by their bits: NaN-propagating.
     const float amax = __uint_as_float(max(__float_as_uint(a0), __float_as_uint(a1)));
+    // Signs from the input bits wherever amax is finite and nonzero (not where the scale code
+    // is: 0x00 is also the scale 2^-127 of tiny BF16 blocks, whose codes are signed).
+    const uint32_t in[16] = {v[0].x, v[0].y, v[0].z, v[0].w, v[1].x, v[1].y, v[1].z, v[1].w,
+                             v[2].x, v[2].y, v[2].z, v[2].w, v[3].x, v[3].y, v[3].z, v[3].w};
     uint32_t w[4];
-    const uint8_t s = packed::mxfp4_block<kRule>(x, amax, w);
-    __stcs(p.scales + scale_offset(p, u), s);
+    const uint32_t s = packed::mxfp4_block_codes<kRule>(x, amax, in, w);
+    __stcs(p.scales + scale_offset(p, u), static_cast<uint8_t>(s));
     __stcs(reinterpret_cast<uint4*>(p.packed + 16 * u), make_uint4(w[0], w[1], w[2], w[3]));
   }
 }
