@@ -90,6 +90,7 @@ struct Plan {
   DecodeParams p;
   int64_t max_len;  // from seq_lens_host, else max_pages * page_size
   int64_t row_blocks;
+  bool transposed;  // every sequence has <= 8 rows per kv head: the transposed kernel (7.8)
 };
 
 Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedKvCache& cache,
@@ -156,6 +157,7 @@ Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedK
   const int64_t group = qs.h / kv.kv_heads;
   // Varlen without host copies: one row block in the grid, the CTA loops over the rest.
   plan->row_blocks = max_sq < 0 ? 1 : std::max<int64_t>(1, ceil_div(max_sq * group, 16));
+  plan->transposed = max_sq >= 0 && max_sq * group <= 8;
   if (kv.kv_heads * plan->row_blocks > kMaxGridYz || qs.b > kMaxGridYz) {
     return Status::Unsupported("q: batch " + std::to_string(qs.b) + " or kv_heads x row blocks " +
                                std::to_string(kv.kv_heads * plan->row_blocks) +
@@ -194,8 +196,7 @@ Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedK
   }
   p.pages16 = kv.page_size % 16 == 0;
   p.k_scales_u16 = p.k.scales != nullptr && reinterpret_cast<uintptr_t>(p.k.scales) % 2 == 0 &&
-                   p.k.scales_s[0] % 2 == 0 && p.k.scales_s[1] % 2 == 0 &&
-                   p.k.scales_s[2] % 2 == 0;
+                   p.k.scales_s[0] % 2 == 0 && p.k.scales_s[1] % 2 == 0 && p.k.scales_s[2] % 2 == 0;
   p.num_pages = static_cast<int32_t>(kv.num_pages);
   p.max_pages = static_cast<int32_t>(std::min<int64_t>(qs.max_pages, INT32_MAX));
   p.h = static_cast<int32_t>(qs.h);
@@ -206,23 +207,29 @@ Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedK
   return Status::Ok();
 }
 
-template <int D, bool kFp4>
+template <int D, bool kFp4, bool kT>
 void launch_decode_t(const DecodeParams& p, int64_t kv_heads, int64_t b, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(kv_heads * p.row_blocks), static_cast<unsigned>(b));
-  paged::paged_decode_kernel<D, kFp4>
-      <<<grid, paged::kDecodeThreads, paged::decode_smem_bytes<D>(), stream>>>(p);
+  paged::paged_decode_kernel<D, kFp4, kT>
+      <<<grid, paged::kDecodeThreads, paged::decode_smem_bytes<D, kT>(), stream>>>(p);
+}
+
+template <bool kT>
+void launch_decode_rows(const Plan& plan, const DecodeParams& p, bool fp4, cudaStream_t stream) {
+  const int64_t kvh = plan.kv.kv_heads, b = plan.qs.b;
+  if (plan.kv.head_dim == 128) {
+    fp4 ? launch_decode_t<128, true, kT>(p, kvh, b, stream)
+        : launch_decode_t<128, false, kT>(p, kvh, b, stream);
+  } else {
+    fp4 ? launch_decode_t<64, true, kT>(p, kvh, b, stream)
+        : launch_decode_t<64, false, kT>(p, kvh, b, stream);
+  }
 }
 
 void launch_decode(const Plan& plan, const DecodeParams& p, bool fp4, cudaStream_t stream) {
-  const int64_t kvh = plan.kv.kv_heads, b = plan.qs.b;
-  if (plan.kv.head_dim == 128) {
-    fp4 ? launch_decode_t<128, true>(p, kvh, b, stream)
-        : launch_decode_t<128, false>(p, kvh, b, stream);
-  } else {
-    fp4 ? launch_decode_t<64, true>(p, kvh, b, stream)
-        : launch_decode_t<64, false>(p, kvh, b, stream);
-  }
+  plan.transposed ? launch_decode_rows<true>(plan, p, fp4, stream)
+                  : launch_decode_rows<false>(plan, p, fp4, stream);
 }
 
 void launch_combine(const CombineParams& c, cudaStream_t stream) {
