@@ -57,11 +57,28 @@ def main():
     ap.add_argument("--taken", default="")
     ap.add_argument("--blocks", action="store_true")
     ap.add_argument("--full", action="store_true", help="also count full opcodes (modifiers)")
+    ap.add_argument("--auto", action="store_true",
+                    help="decode kernel's fast path: also take a conditional branch when it skips "
+                         "an integer division (I2F.RP: page_size not a power of two), the O rescale "
+                         "(>= 16 FMUL), or the zeroing of a partial tile (>= 8 CS2R, no load)")
     a = ap.parse_args()
     ins = parse(a.sass)
     index = {addr: i for i, (addr, _) in enumerate(ins)}
     taken = {int(x, 16) for x in a.taken.split(",") if x}
     start, end = int(a.start, 16), int(a.end, 16)
+    if a.auto:
+        for k, (addr, text) in enumerate(ins):
+            if not (text.startswith("@") and opcode(text) == "BRA"):
+                continue
+            fall = []
+            for _, t in ins[k + 1:]:
+                fall.append(t)
+                if opcode(t) == "BRA":
+                    break
+            ops_fall = [opcode(t) for t in fall]
+            if ("I2F.RP" in ops_fall or ops_fall.count("FMUL") >= 16 or
+                    (ops_fall.count("CS2R") >= 8 and not any(o.startswith("LDG") for o in ops_fall))):
+                taken.add(addr)
     i = index[start]
     counts = collections.Counter()
     ops = collections.Counter()

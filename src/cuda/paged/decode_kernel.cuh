@@ -118,6 +118,25 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   return d;
 }
 
+// a * {b.half, b.half}: the half broadcast is an operand selector of HMUL2 (.H0_H0 / .H1_H1), no
+// extra instruction.
+template <int kHalf>
+__device__ __forceinline__ uint32_t bf16x2_mul_bcast(uint32_t a, uint32_t b) {
+  uint32_t d;
+  if constexpr (kHalf == 0) {
+    asm("{\n .reg .b16 l, h;\n .reg .b32 t;\n mov.b32 {l, h}, %2;\n mov.b32 t, {l, l};\n"
+        " mul.rn.bf16x2 %0, %1, t;\n}"
+        : "=r"(d)
+        : "r"(a), "r"(b));
+  } else {
+    asm("{\n .reg .b16 l, h;\n .reg .b32 t;\n mov.b32 {l, h}, %2;\n mov.b32 t, {h, h};\n"
+        " mul.rn.bf16x2 %0, %1, t;\n}"
+        : "=r"(d)
+        : "r"(a), "r"(b));
+  }
+  return d;
+}
+
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   uint32_t d;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
@@ -185,6 +204,16 @@ __device__ __forceinline__ void zero_words(uint32_t (&w)[N]) {
   for (int i = 0; i < N; ++i) w[i] = 0;
 }
 
+template <int D, bool kFp4>
+__device__ __forceinline__ void zero_all_volatile(RawTile<D, kFp4>& r) {
+  uint32_t* w = &r.k[0][0];
+  static_assert(sizeof(RawTile<D, kFp4>) % 4 == 0);
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(RawTile<D, kFp4>) / 4); ++i) {
+    asm volatile("mov.b32 %0, 0;" : "=r"(w[i]));
+  }
+}
+
 // Where key `key` of sequence b lives: (page, token in page); ok false for a page id outside
 // [0, num_pages) (never read).
 struct KeyLoc {
@@ -243,9 +272,13 @@ __device__ __forceinline__ PageBases page_bases(const DecodeParams& p, int64_t p
 template <int D, bool kFp4>
 __device__ __forceinline__ void load_k_key(const DecodeParams& p, const PageBases& pb, int tok,
                                            const LaneOffsets& lo, int j, RawTile<D, kFp4>& r) {
-  load_words(r.k[j], pb.kd + (tok * static_cast<int32_t>(p.k.data_s[1]) + lo.kd));
+  // In-page offsets are non-negative and below 2^31 (decode.cu): unsigned, so that adding them to
+  // the 64-bit base needs no sign extension.
+  load_words(r.k[j],
+             pb.kd + static_cast<uint32_t>(tok * static_cast<int32_t>(p.k.data_s[1]) + lo.kd));
   if constexpr (kFp4) {
-    const uint8_t* sc = pb.ks + (tok * static_cast<int32_t>(p.k.scales_s[1]) + lo.ks);
+    const uint8_t* sc =
+        pb.ks + static_cast<uint32_t>(tok * static_cast<int32_t>(p.k.scales_s[1]) + lo.ks);
     if constexpr (D == 128) {
       // Two bytes; the fallback's combine waits for its loads (rare layouts only).
       r.ks[j] = p.k_scales_u16 ? __ldg(reinterpret_cast<const uint16_t*>(sc))
@@ -259,9 +292,11 @@ __device__ __forceinline__ void load_k_key(const DecodeParams& p, const PageBase
 template <int D, bool kFp4>
 __device__ __forceinline__ void load_v_key(const DecodeParams& p, const PageBases& pb, int tok,
                                            const LaneOffsets& lo, int j, RawTile<D, kFp4>& r) {
-  load_words(r.v[j], pb.vd + (tok * static_cast<int32_t>(p.v.data_s[1]) + lo.vd));
+  load_words(r.v[j],
+             pb.vd + static_cast<uint32_t>(tok * static_cast<int32_t>(p.v.data_s[1]) + lo.vd));
   if constexpr (kFp4) {
-    r.vs[j] = __ldg(pb.vs + (tok * static_cast<int32_t>(p.v.scales_s[1]) + lo.vs));
+    r.vs[j] =
+        __ldg(pb.vs + static_cast<uint32_t>(tok * static_cast<int32_t>(p.v.scales_s[1]) + lo.vs));
   }
 }
 
@@ -278,22 +313,41 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, int b, int hk, 
   int hk_o = hk, g_o = g, t_o = t;
   asm volatile("" : "+r"(hk_o), "+r"(g_o), "+r"(t_o));
   const LaneOffsets lo = lane_offsets<D, kFp4>(p, hk_o, g_o, t_o);
-  if constexpr (kFp4) {
-    r.ks[0] = r.ks[1] = 0;
+  auto zero_all = [&] {
+    if constexpr (kFp4) {
+      r.ks[0] = r.ks[1] = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) r.vs[j] = 0;
-  }
+      for (int j = 0; j < 4; ++j) r.vs[j] = 0;
+    }
 #pragma unroll
-  for (int j = 0; j < 2; ++j) zero_words(r.k[j]);
+    for (int j = 0; j < 2; ++j) zero_words(r.k[j]);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) zero_words(r.v[j]);
+    for (int j = 0; j < 4; ++j) zero_words(r.v[j]);
+  };
   if (p.pages16) {
     const KeyLoc l{page, kt - page_index(p, kt) * p.page_size, page >= 0 && page < p.num_pages};
     if (!l.ok) {  // kt < kend: the tile's first key is real
+      // Zeros written by volatile asm: plain stores were hoisted above the branch and ran on every
+      // tile (12 CS2R per tile in the SASS). The row is NaN anyway; the zeros only keep the
+      // registers defined.
+      zero_all_volatile(r);
       *bad = true;
       return;
     }
-    const PageBases pb = page_bases(p, l.page);
+    PageBases pb = page_bases(p, l.page);
+    // The four 64-bit page bases, formed once per tile: left visible, the compiler folded the
+    // 64-bit page * stride product into every key's address (IMAD.WIDE + 2 IMAD + sign
+    // extension + 2 IADD3 per address, ~130 instructions per tile; SASS, decode.md 7.8).
+    asm volatile("" : "+l"(pb.kd), "+l"(pb.ks), "+l"(pb.vd), "+l"(pb.vs));
+    if (kt + kDecodeTile <= kend) {
+      // A full tile (all but the last of a range): every key loads, nothing to zero or test.
+#pragma unroll
+      for (int j = 0; j < 2; ++j) load_k_key<D, kFp4>(p, pb, l.tok + g + 8 * j, lo, j, r);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) load_v_key<D, kFp4>(p, pb, l.tok + v_key(t, j), lo, j, r);
+      return;
+    }
+    zero_all();
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int kk = g + 8 * j;
@@ -306,6 +360,7 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, int b, int hk, 
     }
     return;
   }
+  zero_all();
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int kk = g + 8 * j;
@@ -356,16 +411,21 @@ __device__ __forceinline__ void compute_tile(const RawTile<D, kFp4>& r,
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     if constexpr (kFp4) {
+      // The key's block scales as one BF16x2 (d = 128: blocks 0, 1; d = 64: the one block twice);
+      // word i takes its block's half by the HMUL2 operand selector.
+      const uint32_t sc = scale_pair_bf16(D == 128 ? r.ks[j] : r.ks[j] * 0x101u);
 #pragma unroll
       for (int i = 0; i < D / 32; ++i) {
         // Word i: channels (d/4) t + 8 i .. + 8, scale block ((d/4) t + 8 i) / 16.
-        const int blk = D == 128 ? (i >> 1) : 0;
-        const uint32_t code = (r.ks[j] >> (8 * blk)) & 0xFFu;
-        const uint32_t sc = scale_pair_bf16(code | code << 8);
         uint32_t w[4];
         e2m1x8_to_bf16(r.k[j][i], w);
-        mma_bf16_16816(s[j], qa[2 * i], bf16x2_mul(w[0], sc), bf16x2_mul(w[1], sc));
-        mma_bf16_16816(s[j], qa[2 * i + 1], bf16x2_mul(w[2], sc), bf16x2_mul(w[3], sc));
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          w[q] = (D == 128 && (i >> 1)) ? bf16x2_mul_bcast<1>(w[q], sc)
+                                        : bf16x2_mul_bcast<0>(w[q], sc);
+        }
+        mma_bf16_16816(s[j], qa[2 * i], w[0], w[1]);
+        mma_bf16_16816(s[j], qa[2 * i + 1], w[2], w[3]);
       }
     } else {
 #pragma unroll
@@ -475,17 +535,23 @@ __device__ __forceinline__ void compute_tile_t(const RawTile<D, kFp4>& r,
   float s[4] = {0.f, 0.f, 0.f, 0.f};
   // S^T: one MMA per k-step for both key slots (A rows g and g + 8), B = the lane's Q row g.
   if constexpr (kFp4) {
+    // Key slot j's scales: d = 128: its two blocks (low byte first) as one BF16x2, each word then
+    // takes its block's half by the HMUL2 operand selector (one conversion per key, not two).
+    uint32_t ksc[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) ksc[j] = scale_pair_bf16(D == 128 ? r.ks[j] : r.ks[j] * 0x101u);
 #pragma unroll
     for (int i = 0; i < D / 32; ++i) {
-      const int blk = D == 128 ? (i >> 1) : 0;
       uint32_t w[2][4];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const uint32_t code = (r.ks[j] >> (8 * blk)) & 0xFFu;
-        const uint32_t sc = scale_pair_bf16(code | code << 8);
         e2m1x8_to_bf16(r.k[j][i], w[j]);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) w[j][q] = bf16x2_mul(w[j][q], sc);
+        for (int q = 0; q < 4; ++q) {
+          // Word i: block i / 2 (d = 128) or 0.
+          w[j][q] = (D == 128 && (i >> 1)) ? bf16x2_mul_bcast<1>(w[j][q], ksc[j])
+                                           : bf16x2_mul_bcast<0>(w[j][q], ksc[j]);
+        }
       }
       uint32_t a[4];
       kt_a_frag(w[0][0], w[0][1], w[1][0], w[1][1], a);
