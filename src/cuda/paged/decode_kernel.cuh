@@ -36,12 +36,14 @@ constexpr int kDecodeTile = 16;  // keys per warp tile
 #define FP4ATTN_DECODE_NVFP4_D128_CTAS 2
 #endif
 // The transposed form (kT, <= 8 rows, 7.8) holds half the Q and O fragments (d/16 x 2 and d/16 x
-// 4 registers instead of d/16 x 4 and d/8 x 4).
-#ifndef FP4ATTN_DECODE_T_D128_CTAS
-#define FP4ATTN_DECODE_T_D128_CTAS 3
+// 4 registers instead of d/16 x 4 and d/8 x 4): NVFP4 d = 128 fits 4 CTAs (<= 128 registers, no
+// spill, the next tile's loads still ahead of this tile's MMAs); FP8 d = 128 spilled ~106 bytes
+// at 4 and takes 3 (<= 168).
+#ifndef FP4ATTN_DECODE_T_NVFP4_D128_CTAS
+#define FP4ATTN_DECODE_T_NVFP4_D128_CTAS 4
 #endif
 template <int D, bool kFp4, bool kT = false>
-constexpr int kDecodeMinBlocks = kT ? (D == 64 ? 4 : FP4ATTN_DECODE_T_D128_CTAS)
+constexpr int kDecodeMinBlocks = kT ? (D == 64 ? 4 : (kFp4 ? FP4ATTN_DECODE_T_NVFP4_D128_CTAS : 3))
                                     : (D == 64 ? 4 : (kFp4 ? FP4ATTN_DECODE_NVFP4_D128_CTAS : 2));
 // Query rows of a row block: the MMA's M (16) in the 16-row form, its N (8) in the transposed one.
 template <bool kT>
