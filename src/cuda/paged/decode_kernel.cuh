@@ -206,14 +206,20 @@ __device__ __forceinline__ void zero_words(uint32_t (&w)[N]) {
   for (int i = 0; i < N; ++i) w[i] = 0;
 }
 
+template <int N>
+__device__ __forceinline__ void zero_words_volatile(uint32_t (&w)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("mov.b32 %0, 0;" : "=r"(w[i]));
+}
+
 template <int D, bool kFp4>
 __device__ __forceinline__ void zero_all_volatile(RawTile<D, kFp4>& r) {
-  uint32_t* w = &r.k[0][0];
-  static_assert(sizeof(RawTile<D, kFp4>) % 4 == 0);
 #pragma unroll
-  for (int i = 0; i < static_cast<int>(sizeof(RawTile<D, kFp4>) / 4); ++i) {
-    asm volatile("mov.b32 %0, 0;" : "=r"(w[i]));
-  }
+  for (int j = 0; j < 2; ++j) zero_words_volatile(r.k[j]);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) zero_words_volatile(r.v[j]);
+  zero_words_volatile(r.ks);
+  zero_words_volatile(r.vs);
 }
 
 // Where key `key` of sequence b lives: (page, token in page); ok false for a page id outside
