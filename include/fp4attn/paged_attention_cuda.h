@@ -79,7 +79,14 @@ size_t paged_attention_workspace_bytes(int64_t num_splits, int64_t total_q, int6
 // The split plan paged_attention_cuda uses: *num_splits and *split_size (keys, a multiple of 64)
 // for a batch of b sequences with kv_heads heads, row_blocks 16-row blocks per (sequence, kv
 // head), the longest sequence max_len, and `forced` (PagedAttentionCudaOptions::num_splits).
+// ctas_per_sm: the resident CTAs per SM of the kernel that runs, paged_decode_ctas_per_sm()
+// (docs/kernels/decode.md 7.9); paged_attention_cuda passes it, 2 is the 16-row d = 128 kernel's.
 void paged_attention_split_plan(int64_t b, int64_t kv_heads, int64_t row_blocks, int64_t max_len,
-                                int forced, int64_t* num_splits, int64_t* split_size);
+                                int forced, int64_t* num_splits, int64_t* split_size,
+                                int ctas_per_sm = 2);
+
+// The CTAs per SM the decode kernel for this head_dim, cache format and query rows per kv head
+// (group x tokens per sequence; the longest) is built for.
+int paged_decode_ctas_per_sm(int64_t head_dim, bool nvfp4, int64_t rows_per_kv_head);
 
 }  // namespace fp4attn

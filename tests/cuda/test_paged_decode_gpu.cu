@@ -502,6 +502,41 @@ TEST(PagedDecodeGpu, Fp8D64) {
   sweep(KvCacheFormat::kFp8, 64);
 }
 
+// The transposed kernel (<= 8 query rows per kv head, decode.md 7.8): 32/8 and 8/8 with one token,
+// 16/4 and 32/8 with two (8 rows), both formats, d 64 and 128, page sizes 16, 64 and 24 (per-key
+// lookups), full and partial tiles (lengths around tile and page edges), the split plan's choice
+// and forced splits; 9 rows (3/1 x 3 tokens) take the 16-row kernel, next to it.
+TEST(PagedDecodeGpu, TransposedFewRows) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int64_t h, h_kv, s_q;
+  };
+  constexpr Shape kShapes[] = {{32, 8, 1}, {8, 8, 1}, {16, 4, 2}, {32, 8, 2}, {3, 1, 3}};
+  uint32_t seed = 2100;
+  for (KvCacheFormat f : {KvCacheFormat::kNvfp4, KvCacheFormat::kFp8}) {
+    for (int64_t d : {64, 128}) {
+      for (int64_t page_size : {16, 64, 24}) {
+        for (const Shape& sh : kShapes) {
+          Config c;
+          c.format = f;
+          c.d = d;
+          c.page_size = page_size;
+          c.h = sh.h;
+          c.h_kv = sh.h_kv;
+          c.s_q = sh.s_q;
+          c.seed = ++seed;
+          c.splits = seed % 3 == 0 ? 0 : seed % 3 == 1 ? 1 : 5;
+          c.lens = seed % 2 ? std::vector<int32_t>{16, 4096, 63, 1, 2063}
+                            : std::vector<int32_t>{4111, 15, 64, 129, 7};
+          c.interleaved = seed % 4 == 1;
+          check_config(c);
+          if (::testing::Test::HasFailure()) return;
+        }
+      }
+    }
+  }
+}
+
 // Every split mode on one long sequence and a short batch, both formats: forced splits of many
 // sizes (empty splits included), the heuristic, none.
 TEST(PagedDecodeGpu, SplitModes) {
@@ -853,6 +888,20 @@ TEST(PagedDecodeGpu, BadInputIsRejectedBeforeAnyLaunch) {
   paged_attention_split_plan(2, 2, 1, 1000, 7, &n, &size);
   EXPECT_GE(n * size, 1000);
   EXPECT_EQ(size % 64, 0);
+  // The wave model (decode.md 7.9): b = 8 x 8 kv heads = 64 pairs fill one wave of the transposed
+  // NVFP4 kernel's 4 x 132 slots with 8 splits, of the 16-row kernel's 2 x 132 with 4.
+  EXPECT_EQ(paged_decode_ctas_per_sm(128, true, 4), 4);
+  EXPECT_EQ(paged_decode_ctas_per_sm(128, true, 16), 2);
+  EXPECT_EQ(paged_decode_ctas_per_sm(128, false, 8), 3);
+  paged_attention_split_plan(8, 8, 1, 8192, 0, &n, &size, 4);
+  EXPECT_EQ(n, 8);
+  EXPECT_EQ(size, 1024);
+  paged_attention_split_plan(8, 8, 1, 8192, 0, &n, &size, 2);
+  EXPECT_EQ(n, 4);
+  paged_attention_split_plan(32, 8, 1, 32768, 0, &n, &size, 4);
+  EXPECT_EQ(n, 2);
+  paged_attention_split_plan(64, 8, 1, 32768, 0, &n, &size, 4);
+  EXPECT_EQ(n, 1);
   if (::fp4attn::testing::have_gpu()) {
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);

@@ -268,6 +268,233 @@ void emulate_tile(uint32_t seed) {
   }
 }
 
+// movmatrix.sync.aligned.m8n8.trans.b16 over the warp: lane (g, t) holds row g, columns 2t (low
+// half) and 2t + 1 of an 8x8 matrix; the result holds the transpose in the same layout.
+void movmatrix_trans(const uint32_t (&in)[32], uint32_t (&out)[32]) {
+  uint16_t m[8][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane >> 2, t = lane & 3;
+    m[g][2 * t] = static_cast<uint16_t>(in[lane] & 0xFFFF);
+    m[g][2 * t + 1] = static_cast<uint16_t>(in[lane] >> 16);
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane >> 2, t = lane & 3;
+    out[lane] = uint32_t{m[2 * t][g]} | uint32_t{m[2 * t + 1][g]} << 16;
+  }
+}
+
+uint32_t bf16_bits_of(double x) {  // exact BF16 values only (checked)
+  const uint32_t u = float_bits(static_cast<float>(x));
+  EXPECT_EQ(bits_float(u & 0xFFFF0000u), x);
+  return u >> 16;
+}
+
+// The transposed form (<= 8 rows, decode.md 7.8): S^T = K Q^T (keys as M, rows as N) from the
+// same words as the 16-row form through kt_a_frag / qt_b_kidx, P^T moved from the S^T
+// accumulators to the B operand by movmatrix, O^T = V^T P^T through vt_a_frag / phys_ot. Rows
+// beyond `rows` are zero queries (padding).
+template <int D, bool kFp4>
+void emulate_tile_t(uint32_t seed, int rows) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  const int row_bytes = kFp4 ? D / 2 : D;
+  std::vector<uint8_t> kb(16 * row_bytes), vb(16 * row_bytes);
+  for (auto& x : kb) x = static_cast<uint8_t>(rng());
+  for (auto& x : vb) x = static_cast<uint8_t>(rng());
+  if (!kFp4) {
+    for (auto& x : kb) x = (x & 0x7F) == 0x7F ? 0 : x;
+    for (auto& x : vb) x = (x & 0x7F) == 0x7F ? 0 : x;
+  }
+  auto value = [&](const std::vector<uint8_t>& m, int key, int c) -> double {
+    if (kFp4) {
+      const uint8_t byte = m[key * row_bytes + c / 2];
+      return std::ldexp(e2m1_to_float((c & 1) ? byte >> 4 : byte & 0xF), -126);
+    }
+    return e4m3_to_float(m[key * row_bytes + c]);
+  };
+  double q[8][D] = {};
+  for (int r = 0; r < rows; ++r) {
+    for (auto& x : q[r]) x = normal(rng);
+  }
+  auto word = [&](const std::vector<uint8_t>& m, int key, int byte_off) {
+    uint32_t w;
+    std::memcpy(&w, m.data() + key * row_bytes + byte_off, 4);
+    return w;
+  };
+  auto fp8_pair = [](uint32_t two) {
+    return std::pair<double, double>(e4m3_to_float(two & 0xFF), e4m3_to_float((two >> 8) & 0xFF));
+  };
+  // The 16-row form's B registers of key slot j (key g + 8 j) at k-step ks: (lo, hi).
+  auto k_regs = [&](int g, int t, int j, int ks, uint32_t* lo, uint32_t* hi) {
+    const int key = g + 8 * j;
+    if (kFp4) {
+      uint32_t w[4];
+      e2m1x8_to_bf16(word(kb, key, t * (D / 8) + 4 * (ks >> 1)), w);
+      *lo = w[2 * (ks & 1)];
+      *hi = w[2 * (ks & 1) + 1];
+    } else {
+      const uint32_t x = word(kb, key, t * (D / 4) + 4 * ks);
+      const auto a = fp8_pair(x & 0xFFFF), b = fp8_pair(x >> 16);
+      *lo = bf16_bits_of(a.first) | bf16_bits_of(a.second) << 16;
+      *hi = bf16_bits_of(b.first) | bf16_bits_of(b.second) << 16;
+    }
+  };
+
+  // S^T [16 keys][8 rows].
+  double st[16][8] = {};
+  for (int ks = 0; ks < D / 16; ++ks) {
+    Mma m{};
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane >> 2, t = lane & 3;
+      uint32_t lo0, hi0, lo1, hi1, a[4];
+      k_regs(g, t, 0, ks, &lo0, &hi0);
+      k_regs(g, t, 1, ks, &lo1, &hi1);
+      kt_a_frag(lo0, hi0, lo1, hi1, a);
+      for (int reg = 0; reg < 4; ++reg) m.set_a(lane, reg, bf16_lo(a[reg]), bf16_hi(a[reg]));
+      for (int reg = 0; reg < 2; ++reg) {
+        const int kk = qt_b_kidx(t, reg);
+        const int c0 = kFp4 ? phys_k_nvfp4<D>(ks, kk) : phys_k_fp8<D>(ks, kk);
+        const int c1 = kFp4 ? phys_k_nvfp4<D>(ks, kk + 1) : phys_k_fp8<D>(ks, kk + 1);
+        m.set_b(lane, reg, q[g][c0], q[g][c1]);
+      }
+    }
+    double c[16][8] = {};
+    m.run(c);
+    for (int i = 0; i < 16; ++i) {
+      for (int n = 0; n < 8; ++n) st[i][n] += c[i][n];
+    }
+  }
+  for (int key = 0; key < 16; ++key) {
+    for (int r = 0; r < 8; ++r) {
+      double want = 0, mag = 0;
+      for (int c = 0; c < D; ++c) {
+        want += q[r][c] * value(kb, key, c);
+        mag += std::fabs(q[r][c] * value(kb, key, c));
+      }
+      // Lane (g, t) element e holds key st_key(g, e), row st_row(t, e).
+      bool found = false;
+      for (int lane = 0; lane < 32 && !found; ++lane) {
+        for (int e = 0; e < 4; ++e) {
+          if (st_key(lane >> 2, e) == key && st_row(lane & 3, e) == r) {
+            ASSERT_NEAR(st[(lane >> 2) + 8 * (e >> 1)][2 * (lane & 3) + (e & 1)], want,
+                        1e-12 * mag + 1e-300)
+                << "S^T key " << key << " row " << r;
+            found = true;
+          }
+        }
+      }
+      ASSERT_TRUE(found);
+    }
+  }
+
+  // P = S scaled to O(1) and rounded to BF16 (what the kernel's pack does), from the C fragments
+  // (C layout: element e of lane (g, t) at M row g + 8 (e >> 1), column 2t + (e & 1)) through
+  // movmatrix into the B fragment of O^T = V^T P^T.
+  const double p_scale = kFp4 ? std::ldexp(1.0, 126) : 1.0;
+  auto p_of = [&](int key, int r) { return round_bf16(p_scale * st[key][r] / 64.0); };
+  uint32_t lo_in[32], hi_in[32], b0[32], b1[32];
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane >> 2, t = lane & 3;
+    double c[4];
+    for (int e = 0; e < 4; ++e) c[e] = p_of(g + 8 * (e >> 1), 2 * t + (e & 1));
+    lo_in[lane] = bf16_bits_of(c[0]) | bf16_bits_of(c[1]) << 16;
+    hi_in[lane] = bf16_bits_of(c[2]) | bf16_bits_of(c[3]) << 16;
+  }
+  movmatrix_trans(lo_in, b0);
+  movmatrix_trans(hi_in, b1);
+  double o[D / 16][16][8] = {};
+  for (int i = 0; i < D / 16; ++i) {
+    Mma m{};
+    for (int lane = 0; lane < 32; ++lane) {
+      const int g = lane >> 2, t = lane & 3;
+      m.set_b(lane, 0, bf16_lo(b0[lane]), bf16_hi(b0[lane]));
+      m.set_b(lane, 1, bf16_lo(b1[lane]), bf16_hi(b1[lane]));
+      // The 16-row form's B registers of n-tiles 2i and 2i + 1, as the kernel builds them.
+      uint32_t lo[2], hi[2];
+      for (int u = 0; u < 2; ++u) {
+        const int n = 2 * i + u;
+        if (kFp4) {
+          const int wi = n / 8, half = (n / 4) & 1, qn = n & 3;
+          uint32_t w0[4], w1[4];
+          const int off = g * (D / 16) + 4 * wi;
+          e2m1x8_to_bf16(
+              nvfp4_key_pair(word(vb, v_key(t, 0), off), word(vb, v_key(t, 1), off), half), w0);
+          e2m1x8_to_bf16(
+              nvfp4_key_pair(word(vb, v_key(t, 2), off), word(vb, v_key(t, 3), off), half), w1);
+          lo[u] = w0[qn];
+          hi[u] = w1[qn];
+        } else {
+          const int wi = n / 4, half = (n / 2) & 1, xy = n & 1;
+          const int off = g * (D / 8) + 4 * wi;
+          double v4[4];
+          for (int k = 0; k < 4; ++k) {
+            const auto pr = fp8_pair(word(vb, v_key(t, k), off) >> (16 * half));
+            v4[k] = xy ? pr.second : pr.first;
+          }
+          lo[u] = bf16_bits_of(v4[0]) | bf16_bits_of(v4[1]) << 16;
+          hi[u] = bf16_bits_of(v4[2]) | bf16_bits_of(v4[3]) << 16;
+        }
+      }
+      uint32_t a[4];
+      vt_a_frag(lo[0], hi[0], lo[1], hi[1], a);
+      for (int reg = 0; reg < 4; ++reg) m.set_a(lane, reg, bf16_lo(a[reg]), bf16_hi(a[reg]));
+    }
+    m.run(o[i]);
+  }
+  for (int r = 0; r < 8; ++r) {
+    for (int c = 0; c < D; ++c) {
+      double want = 0, mag = 0;
+      for (int key = 0; key < 16; ++key) {
+        want += p_of(key, r) * value(vb, key, c);
+        mag += std::fabs(p_of(key, r) * value(vb, key, c));
+      }
+      // Channel c is M index m of M-tile i with phys_ot(i, m) == c; lane (g, t) element e holds
+      // m = g + 8 (e >> 1), row ot_row(t, e).
+      int hits = 0;
+      for (int i = 0; i < D / 16; ++i) {
+        for (int lane = 0; lane < 32; ++lane) {
+          for (int e = 0; e < 4; ++e) {
+            const int mi = (lane >> 2) + 8 * (e >> 1);
+            if (phys_ot<D>(i, mi) != c || ot_row(lane & 3, e) != r) continue;
+            ASSERT_EQ(ot_row(lane & 3, e), 2 * (lane & 3) + (e & 1));
+            ASSERT_NEAR(o[i][mi][ot_row(lane & 3, e)], want, 1e-12 * mag + 1e-300)
+                << "O^T row " << r << " channel " << c;
+            ++hits;
+          }
+        }
+      }
+      ASSERT_EQ(hits, 1) << "channel " << c << " row " << r;
+    }
+  }
+}
+
+TEST(DecodeBits, TransposedMapsArePermutations) {
+  for (int d : {64, 128}) {
+    std::vector<int> seen(d, 0);
+    for (int i = 0; i < d / 16; ++i) {
+      for (int m = 0; m < 16; ++m) ++seen[d == 64 ? phys_ot<64>(i, m) : phys_ot<128>(i, m)];
+    }
+    for (int c = 0; c < d; ++c) ASSERT_EQ(seen[c], 1);
+  }
+  // S^T / O^T accumulators: every (key or M index, row) once over the warp.
+  int cover[16][8] = {};
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int e = 0; e < 4; ++e) ++cover[st_key(lane >> 2, e)][st_row(lane & 3, e)];
+  }
+  for (auto& k : cover) {
+    for (int x : k) ASSERT_EQ(x, 1);
+  }
+}
+
+TEST(DecodeBits, FragmentEmulationTransposed) {
+  for (int rows : {1, 4, 8}) {
+    emulate_tile_t<64, true>(10 + rows, rows);
+    emulate_tile_t<128, true>(20 + rows, rows);
+    emulate_tile_t<64, false>(30 + rows, rows);
+    emulate_tile_t<128, false>(40 + rows, rows);
+  }
+}
+
 TEST(DecodeBits, FragmentEmulationNvfp4) {
   emulate_tile<64, true>(1);
   emulate_tile<128, true>(2);

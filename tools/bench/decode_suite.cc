@@ -405,8 +405,9 @@ void run_point(const DecodeOptions& opt, Run& run, Shared& sh, KvCacheFormat for
   DeviceBuffer o(static_cast<size_t>(b * opt.h * opt.d * 2)),
       lse(static_cast<size_t>(b * opt.h * 4));
   int64_t splits = 1, split_size = 0;
-  paged_attention_split_plan(b, opt.h_kv, ceil_div(opt.s_q * (opt.h / opt.h_kv), 16), len, 0,
-                             &splits, &split_size);
+  const int64_t rows = opt.s_q * (opt.h / opt.h_kv);
+  paged_attention_split_plan(b, opt.h_kv, ceil_div(rows, 16), len, 0, &splits, &split_size,
+                             paged_decode_ctas_per_sm(opt.d, fp4, rows));
   r.splits = splits;
   r.split_size = split_size;
   const size_t ws_bytes = paged_attention_workspace_bytes(splits, b * opt.s_q, opt.h, opt.d);

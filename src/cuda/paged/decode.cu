@@ -22,8 +22,14 @@ using paged::CombineParams;
 using paged::DecodeParams;
 using paged::DecodeSide;
 
+// The split plan's model (docs/kernels/decode.md 7.9): CTAs of one launch run in waves of
+// kSms * ctas_per_sm resident CTAs (ctas_per_sm: the kernel's __launch_bounds__ minimum, which its
+// registers allow; shared memory allows more), each CTA costs kCtaFixedKeys key-equivalents
+// (Q staging, the first tile's memory latency, the merge and the partial write: ~2.5 us against
+// ~10-25 ns per key and CTA measured at b = 32) plus its split's keys, so a plan of n splits costs
+// ceil(pairs * n / slots) * (kCtaFixedKeys + split_size); the cheapest n wins, fewer on a tie.
 constexpr int64_t kSms = 132;  // H200
-constexpr int64_t kTargetCtas = 2 * kSms;
+constexpr int64_t kCtaFixedKeys = 256;
 constexpr int64_t kMinSplitKeys = 256;
 constexpr int64_t kSplitAlign = 64;
 constexpr int64_t kMaxGridYz = 65535;
@@ -67,6 +73,7 @@ struct Plan {
   DecodeParams p;
   int64_t max_len;  // from seq_lens_host, else max_pages * page_size
   int64_t row_blocks;
+  bool transposed;  // every sequence has <= 8 rows per kv head: the transposed kernel (7.8)
 };
 
 Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedKvCache& cache,
@@ -134,6 +141,7 @@ Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedK
   const int64_t group = qs.h / kv.kv_heads;
   // Varlen without host copies: one row block in the grid, the CTA loops over the rest.
   plan->row_blocks = max_sq < 0 ? 1 : std::max<int64_t>(1, ceil_div(max_sq * group, 16));
+  plan->transposed = max_sq >= 0 && max_sq * group <= 8;
   if (kv.kv_heads * plan->row_blocks > kMaxGridYz || qs.b > kMaxGridYz) {
     return Status::Unsupported("q: batch " + std::to_string(qs.b) + " or kv_heads x row blocks " +
                                std::to_string(kv.kv_heads * plan->row_blocks) +
@@ -183,23 +191,29 @@ Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedK
   return Status::Ok();
 }
 
-template <int D, bool kFp4>
+template <int D, bool kFp4, bool kT>
 void launch_decode_t(const DecodeParams& p, int64_t kv_heads, int64_t b, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(kv_heads * p.row_blocks), static_cast<unsigned>(b));
-  paged::paged_decode_kernel<D, kFp4>
-      <<<grid, paged::kDecodeThreads, paged::decode_smem_bytes<D>(), stream>>>(p);
+  paged::paged_decode_kernel<D, kFp4, kT>
+      <<<grid, paged::kDecodeThreads, paged::decode_smem_bytes<D, kT>(), stream>>>(p);
+}
+
+template <bool kT>
+void launch_decode_rows(const Plan& plan, const DecodeParams& p, bool fp4, cudaStream_t stream) {
+  const int64_t kvh = plan.kv.kv_heads, b = plan.qs.b;
+  if (plan.kv.head_dim == 128) {
+    fp4 ? launch_decode_t<128, true, kT>(p, kvh, b, stream)
+        : launch_decode_t<128, false, kT>(p, kvh, b, stream);
+  } else {
+    fp4 ? launch_decode_t<64, true, kT>(p, kvh, b, stream)
+        : launch_decode_t<64, false, kT>(p, kvh, b, stream);
+  }
 }
 
 void launch_decode(const Plan& plan, const DecodeParams& p, bool fp4, cudaStream_t stream) {
-  const int64_t kvh = plan.kv.kv_heads, b = plan.qs.b;
-  if (plan.kv.head_dim == 128) {
-    fp4 ? launch_decode_t<128, true>(p, kvh, b, stream)
-        : launch_decode_t<128, false>(p, kvh, b, stream);
-  } else {
-    fp4 ? launch_decode_t<64, true>(p, kvh, b, stream)
-        : launch_decode_t<64, false>(p, kvh, b, stream);
-  }
+  plan.transposed ? launch_decode_rows<true>(plan, p, fp4, stream)
+                  : launch_decode_rows<false>(plan, p, fp4, stream);
 }
 
 void launch_combine(const CombineParams& c, cudaStream_t stream) {
@@ -212,19 +226,41 @@ bool empty_problem(const Plan& plan) { return plan.qs.b == 0 || plan.qs.total_q 
 
 }  // namespace
 
+int paged_decode_ctas_per_sm(int64_t head_dim, bool nvfp4, int64_t rows_per_kv_head) {
+  const bool t = rows_per_kv_head <= 8;
+  if (head_dim == 64) {
+    return t ? paged::kDecodeMinBlocks<64, true, true> : paged::kDecodeMinBlocks<64, true, false>;
+  }
+  if (nvfp4) {
+    return t ? paged::kDecodeMinBlocks<128, true, true> : paged::kDecodeMinBlocks<128, true, false>;
+  }
+  return t ? paged::kDecodeMinBlocks<128, false, true> : paged::kDecodeMinBlocks<128, false, false>;
+}
+
 void paged_attention_split_plan(int64_t b, int64_t kv_heads, int64_t row_blocks, int64_t max_len,
-                                int forced, int64_t* num_splits, int64_t* split_size) {
+                                int forced, int64_t* num_splits, int64_t* split_size,
+                                int ctas_per_sm) {
   max_len = std::max<int64_t>(max_len, 1);
-  int64_t n = 1;
+  int64_t size = ceil_div(max_len, kSplitAlign) * kSplitAlign;
   if (forced >= 1) {
-    n = forced;
-  } else {
-    const int64_t ctas = std::max<int64_t>(b * kv_heads * row_blocks, 1);
-    if (ctas < kTargetCtas && max_len > 512) {
-      n = std::min(ceil_div(kTargetCtas, ctas), std::max<int64_t>(max_len / kMinSplitKeys, 1));
+    size = ceil_div(ceil_div(max_len, forced), kSplitAlign) * kSplitAlign;
+  } else if (max_len > 512 && b * kv_heads * row_blocks < kSms * std::max(ctas_per_sm, 1)) {
+    // (A full machine does not split: the last wave's CTAs share their SMs with fewer others and
+    // run faster than the model's waves assume, and the partials would cost a round trip.)
+    const int64_t pairs = std::max<int64_t>(b * kv_heads * row_blocks, 1);
+    const int64_t slots = kSms * std::max(ctas_per_sm, 1);
+    const int64_t n_max = std::max<int64_t>(max_len / kMinSplitKeys, 1);
+    int64_t best_cost = -1;
+    for (int64_t n = 1; n <= n_max; ++n) {
+      const int64_t sz = ceil_div(ceil_div(max_len, n), kSplitAlign) * kSplitAlign;
+      const int64_t ctas = pairs * ceil_div(max_len, sz);
+      const int64_t cost = ceil_div(ctas, slots) * (kCtaFixedKeys + sz);
+      if (best_cost < 0 || cost < best_cost) {
+        best_cost = cost;
+        size = sz;
+      }
     }
   }
-  int64_t size = ceil_div(ceil_div(max_len, n), kSplitAlign) * kSplitAlign;
   *split_size = size;
   *num_splits = ceil_div(max_len, size);
 }
@@ -249,8 +285,11 @@ Status paged_attention_cuda(const TensorView& q, const TensorView& cu_seqlens_q,
   }
   if (empty_problem(plan)) return Status::Ok();
   int64_t splits = 1, split_size = 1;
-  paged_attention_split_plan(plan.qs.b, plan.kv.kv_heads, plan.row_blocks, plan.max_len,
-                             copt.num_splits, &splits, &split_size);
+  paged_attention_split_plan(
+      plan.qs.b, plan.kv.kv_heads, plan.row_blocks, plan.max_len, copt.num_splits, &splits,
+      &split_size,
+      paged_decode_ctas_per_sm(plan.kv.head_dim, cache.format == KvCacheFormat::kNvfp4,
+                               plan.transposed ? 8 : 16));
   DecodeParams p = plan.p;
   p.split_size = static_cast<int32_t>(split_size);
   p.num_splits = static_cast<int32_t>(splits);

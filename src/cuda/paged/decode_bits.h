@@ -69,4 +69,59 @@ FP4ATTN_HD int phys_o(int j, int col) {
 // b0 = {2t, 2t + 1}, b1 = {2t + 8, 2t + 9}.
 FP4ATTN_HD int v_key(int t, int j) { return 2 * t + (j & 1) + 8 * (j >> 1); }
 
+// ---- the transposed form (<= 8 query rows per kv head; decode.md 7.8)
+// ---------------------------- S^T = K Q^T and O^T = V^T P^T with mma.m16n8k16: the 16 keys of a
+// tile (S) and 16 channels (O) are the MMA's M, the (up to 8) query rows its N. The loads and the
+// dequantization are those of the 16-row form; only the fragments they feed change.
+//
+// S^T, k-step ks: A = K (M = key, K = channel) wants, in lane (g, t), keys g (a0, a2) and g + 8
+// (a1, a3) at k indices 2t, 2t + 1 (a0, a1) and 2t + 8, 2t + 9 (a2, a3): the 16-row form's B
+// registers {b0, b1} of its key slots 0 (key g) and 1 (key g + 8) at the same k-step, so the
+// channel maps phys_k_* stay. b0 / b1 of slot j: (lo, hi) here.
+FP4ATTN_HD void kt_a_frag(uint32_t lo0, uint32_t hi0, uint32_t lo1, uint32_t hi1,
+                          uint32_t (&a)[4]) {
+  a[0] = lo0;
+  a[1] = lo1;
+  a[2] = hi0;
+  a[3] = hi1;
+}
+
+// B = Q^T (K = channel, N = row): lane (g, t) register r holds row g at k indices 2t + 8r + {0, 1}:
+// the 16-row form's A register 2r (its row g half).
+FP4ATTN_HD int qt_b_kidx(int t, int r) { return 2 * t + 8 * r; }
+
+// C = S^T, element e of lane (g, t): key g + 8 (e >> 1) of the tile, row 2t + (e & 1).
+FP4ATTN_HD int st_key(int g, int e) { return g + 8 * (e >> 1); }
+FP4ATTN_HD int st_row(int t, int e) { return 2 * t + (e & 1); }
+
+// P^T to the B operand of O^T = V^T P^T (K = key, N = row): lane (g, t) needs row g at keys
+// 2t + {0, 1} (b0) and 2t + 8 + {0, 1} (b1). The C fragment has keys on g and rows on t, the
+// transpose: no choice of key or row order removes it (C's M index lives on g, every operand's K
+// index on t). Packed as BF16x2 {C e0, e1} (keys 0..7) and {C e2, e3} (keys 8..15), each is an
+// 8x8 matrix in the m8n8 fragment layout (lane (g, t): row g, columns 2t, 2t + 1) with keys as
+// rows; movmatrix.trans turns it into rows-as-rows, which is b0 / b1 with the identity key order.
+// The K index of O^T = V^T P^T is then key kk, so V keeps its loads: lane (g, t) reads keys
+// v_key(t, 0..3) = 2t, 2t + 1, 2t + 8, 2t + 9.
+
+// A = V^T (M = channel, K = key): lane (g, t) holds channels m = g (a0, a2) and g + 8 (a1, a3) of
+// M-tile i at keys 2t + {0, 1} (a0, a1) and 2t + 8 + {0, 1} (a2, a3). Channel of M index m
+// (0..15) of M-tile i (0..d/16): lane group g owns [g d/8, (g + 1) d/8) as in the 16-row form,
+// M-tile i = its n-tiles 2i (m < 8) and 2i + 1 (m >= 8).
+template <int D>
+FP4ATTN_HD int phys_ot(int i, int m) {
+  return phys_o<D>(2 * i + (m >> 3), m & 7);
+}
+// The 16-row form's B registers of n-tiles 2i (b0 = lo0, b1 = hi0) and 2i + 1 (lo1, hi1) make
+// the A fragment of M-tile i.
+FP4ATTN_HD void vt_a_frag(uint32_t lo0, uint32_t hi0, uint32_t lo1, uint32_t hi1,
+                          uint32_t (&a)[4]) {
+  a[0] = lo0;
+  a[1] = lo1;
+  a[2] = hi0;
+  a[3] = hi1;
+}
+
+// C = O^T, element e of lane (g, t): channel phys_ot(i, g + 8 (e >> 1)), row 2t + (e & 1).
+FP4ATTN_HD int ot_row(int t, int e) { return 2 * t + (e & 1); }
+
 }  // namespace fp4attn::paged

@@ -17,6 +17,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/paged/decode_bits.h"
 
@@ -34,8 +35,19 @@ constexpr int kDecodeTile = 16;  // keys per warp tile
 #ifndef FP4ATTN_DECODE_NVFP4_D128_CTAS
 #define FP4ATTN_DECODE_NVFP4_D128_CTAS 2
 #endif
-template <int D, bool kFp4>
-constexpr int kDecodeMinBlocks = D == 64 ? 4 : (kFp4 ? FP4ATTN_DECODE_NVFP4_D128_CTAS : 2);
+// The transposed form (kT, <= 8 rows, 7.8) holds half the Q and O fragments (d/16 x 2 and d/16 x
+// 4 registers instead of d/16 x 4 and d/8 x 4): NVFP4 d = 128 fits 4 CTAs (<= 128 registers, no
+// spill, the next tile's loads still ahead of this tile's MMAs); FP8 d = 128 spilled ~106 bytes
+// at 4 and takes 3 (<= 168).
+#ifndef FP4ATTN_DECODE_T_NVFP4_D128_CTAS
+#define FP4ATTN_DECODE_T_NVFP4_D128_CTAS 4
+#endif
+template <int D, bool kFp4, bool kT = false>
+constexpr int kDecodeMinBlocks = kT ? (D == 64 ? 4 : (kFp4 ? FP4ATTN_DECODE_T_NVFP4_D128_CTAS : 3))
+                                    : (D == 64 ? 4 : (kFp4 ? FP4ATTN_DECODE_NVFP4_D128_CTAS : 2));
+// Query rows of a row block: the MMA's M (16) in the 16-row form, its N (8) in the transposed one.
+template <bool kT>
+constexpr int kBlockRows = kT ? 8 : kDecodeRows;
 
 // One side (K or V) of the cache, byte strides (page, token, head).
 struct DecodeSide {
@@ -88,6 +100,14 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 8x8 16-bit matrix in the m8n8 fragment layout (lane (g, t): row g, columns 2t, 2t + 1) ->
+// its transpose in the same layout (decode_bits.h, "P^T to the B operand").
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -97,6 +117,25 @@ __device__ __forceinline__ float fast_exp2(float x) {
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+// a * {b.half, b.half}: the half broadcast is an operand selector of HMUL2 (.H0_H0 / .H1_H1), no
+// extra instruction.
+template <int kHalf>
+__device__ __forceinline__ uint32_t bf16x2_mul_bcast(uint32_t a, uint32_t b) {
+  uint32_t d;
+  if constexpr (kHalf == 0) {
+    asm("{\n .reg .b16 l, h;\n .reg .b32 t;\n mov.b32 {l, h}, %2;\n mov.b32 t, {l, l};\n"
+        " mul.rn.bf16x2 %0, %1, t;\n}"
+        : "=r"(d)
+        : "r"(a), "r"(b));
+  } else {
+    asm("{\n .reg .b16 l, h;\n .reg .b32 t;\n mov.b32 {l, h}, %2;\n mov.b32 t, {h, h};\n"
+        " mul.rn.bf16x2 %0, %1, t;\n}"
+        : "=r"(d)
+        : "r"(a), "r"(b));
+  }
   return d;
 }
 
@@ -167,6 +206,22 @@ __device__ __forceinline__ void zero_words(uint32_t (&w)[N]) {
   for (int i = 0; i < N; ++i) w[i] = 0;
 }
 
+template <int N>
+__device__ __forceinline__ void zero_words_volatile(uint32_t (&w)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("mov.b32 %0, 0;" : "=r"(w[i]));
+}
+
+template <int D, bool kFp4>
+__device__ __forceinline__ void zero_all_volatile(RawTile<D, kFp4>& r) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) zero_words_volatile(r.k[j]);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) zero_words_volatile(r.v[j]);
+  zero_words_volatile(r.ks);
+  zero_words_volatile(r.vs);
+}
+
 // Where key `key` of sequence b lives: (page, token in page); ok false for a page id outside
 // [0, num_pages) (never read).
 struct KeyLoc {
@@ -225,9 +280,13 @@ __device__ __forceinline__ PageBases page_bases(const DecodeParams& p, int64_t p
 template <int D, bool kFp4>
 __device__ __forceinline__ void load_k_key(const DecodeParams& p, const PageBases& pb, int tok,
                                            const LaneOffsets& lo, int j, RawTile<D, kFp4>& r) {
-  load_words(r.k[j], pb.kd + (tok * static_cast<int32_t>(p.k.data_s[1]) + lo.kd));
+  // In-page offsets are non-negative and below 2^31 (decode.cu): unsigned, so that adding them to
+  // the 64-bit base needs no sign extension.
+  load_words(r.k[j],
+             pb.kd + static_cast<uint32_t>(tok * static_cast<int32_t>(p.k.data_s[1]) + lo.kd));
   if constexpr (kFp4) {
-    const uint8_t* sc = pb.ks + (tok * static_cast<int32_t>(p.k.scales_s[1]) + lo.ks);
+    const uint8_t* sc =
+        pb.ks + static_cast<uint32_t>(tok * static_cast<int32_t>(p.k.scales_s[1]) + lo.ks);
     if constexpr (D == 128) {
       // Two bytes; the fallback's combine waits for its loads (rare layouts only).
       r.ks[j] = p.k_scales_u16 ? __ldg(reinterpret_cast<const uint16_t*>(sc))
@@ -241,9 +300,11 @@ __device__ __forceinline__ void load_k_key(const DecodeParams& p, const PageBase
 template <int D, bool kFp4>
 __device__ __forceinline__ void load_v_key(const DecodeParams& p, const PageBases& pb, int tok,
                                            const LaneOffsets& lo, int j, RawTile<D, kFp4>& r) {
-  load_words(r.v[j], pb.vd + (tok * static_cast<int32_t>(p.v.data_s[1]) + lo.vd));
+  load_words(r.v[j],
+             pb.vd + static_cast<uint32_t>(tok * static_cast<int32_t>(p.v.data_s[1]) + lo.vd));
   if constexpr (kFp4) {
-    r.vs[j] = __ldg(pb.vs + (tok * static_cast<int32_t>(p.v.scales_s[1]) + lo.vs));
+    r.vs[j] =
+        __ldg(pb.vs + static_cast<uint32_t>(tok * static_cast<int32_t>(p.v.scales_s[1]) + lo.vs));
   }
 }
 
@@ -260,22 +321,41 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, int b, int hk, 
   int hk_o = hk, g_o = g, t_o = t;
   asm volatile("" : "+r"(hk_o), "+r"(g_o), "+r"(t_o));
   const LaneOffsets lo = lane_offsets<D, kFp4>(p, hk_o, g_o, t_o);
-  if constexpr (kFp4) {
-    r.ks[0] = r.ks[1] = 0;
+  auto zero_all = [&] {
+    if constexpr (kFp4) {
+      r.ks[0] = r.ks[1] = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) r.vs[j] = 0;
-  }
+      for (int j = 0; j < 4; ++j) r.vs[j] = 0;
+    }
 #pragma unroll
-  for (int j = 0; j < 2; ++j) zero_words(r.k[j]);
+    for (int j = 0; j < 2; ++j) zero_words(r.k[j]);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) zero_words(r.v[j]);
+    for (int j = 0; j < 4; ++j) zero_words(r.v[j]);
+  };
   if (p.pages16) {
     const KeyLoc l{page, kt - page_index(p, kt) * p.page_size, page >= 0 && page < p.num_pages};
     if (!l.ok) {  // kt < kend: the tile's first key is real
+      // Zeros written by volatile asm: plain stores were hoisted above the branch and ran on every
+      // tile (12 CS2R per tile in the SASS). The row is NaN anyway; the zeros only keep the
+      // registers defined.
+      zero_all_volatile(r);
       *bad = true;
       return;
     }
-    const PageBases pb = page_bases(p, l.page);
+    PageBases pb = page_bases(p, l.page);
+    // The four 64-bit page bases, formed once per tile: left visible, the compiler folded the
+    // 64-bit page * stride product into every key's address (IMAD.WIDE + 2 IMAD + sign
+    // extension + 2 IADD3 per address, ~130 instructions per tile; SASS, decode.md 7.8).
+    asm volatile("" : "+l"(pb.kd), "+l"(pb.ks), "+l"(pb.vd), "+l"(pb.vs));
+    if (kt + kDecodeTile <= kend) {
+      // A full tile (all but the last of a range): every key loads, nothing to zero or test.
+#pragma unroll
+      for (int j = 0; j < 2; ++j) load_k_key<D, kFp4>(p, pb, l.tok + g + 8 * j, lo, j, r);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) load_v_key<D, kFp4>(p, pb, l.tok + v_key(t, j), lo, j, r);
+      return;
+    }
+    zero_all();
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int kk = g + 8 * j;
@@ -288,6 +368,7 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, int b, int hk, 
     }
     return;
   }
+  zero_all();
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int kk = g + 8 * j;
@@ -338,16 +419,21 @@ __device__ __forceinline__ void compute_tile(const RawTile<D, kFp4>& r,
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     if constexpr (kFp4) {
+      // The key's block scales as one BF16x2 (d = 128: blocks 0, 1; d = 64: the one block twice);
+      // word i takes its block's half by the HMUL2 operand selector.
+      const uint32_t sc = scale_pair_bf16(D == 128 ? r.ks[j] : r.ks[j] * 0x101u);
 #pragma unroll
       for (int i = 0; i < D / 32; ++i) {
         // Word i: channels (d/4) t + 8 i .. + 8, scale block ((d/4) t + 8 i) / 16.
-        const int blk = D == 128 ? (i >> 1) : 0;
-        const uint32_t code = (r.ks[j] >> (8 * blk)) & 0xFFu;
-        const uint32_t sc = scale_pair_bf16(code | code << 8);
         uint32_t w[4];
         e2m1x8_to_bf16(r.k[j][i], w);
-        mma_bf16_16816(s[j], qa[2 * i], bf16x2_mul(w[0], sc), bf16x2_mul(w[1], sc));
-        mma_bf16_16816(s[j], qa[2 * i + 1], bf16x2_mul(w[2], sc), bf16x2_mul(w[3], sc));
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          w[q] = (D == 128 && (i >> 1)) ? bf16x2_mul_bcast<1>(w[q], sc)
+                                        : bf16x2_mul_bcast<0>(w[q], sc);
+        }
+        mma_bf16_16816(s[j], qa[2 * i], w[0], w[1]);
+        mma_bf16_16816(s[j], qa[2 * i + 1], w[2], w[3]);
       }
     } else {
 #pragma unroll
@@ -441,6 +527,140 @@ __device__ __forceinline__ void compute_tile(const RawTile<D, kFp4>& r,
   }
 }
 
+// ---- one tile, transposed form (<= 8 rows): S^T = K Q^T, online softmax, O^T += V^T P^T ---------
+
+template <int D>
+struct WarpStateT {
+  float o[D / 16][4];  // M-tile i, element e: channel phys_ot(i, g + 8 (e >> 1)), row 2t + (e & 1)
+  float m[2], l[2];    // rows 2t, 2t + 1: running max (log2 units), this lane's partial sum
+};
+
+template <int D, bool kFp4>
+__device__ __forceinline__ void compute_tile_t(const RawTile<D, kFp4>& r,
+                                               const uint32_t (&qb)[D / 16][2], int kt,
+                                               const int (&vis)[2], float sl2, int g,
+                                               WarpStateT<D>& st) {
+  float s[4] = {0.f, 0.f, 0.f, 0.f};
+  // S^T: one MMA per k-step for both key slots (A rows g and g + 8), B = the lane's Q row g.
+  if constexpr (kFp4) {
+    // Key slot j's scales: d = 128: its two blocks (low byte first) as one BF16x2, each word then
+    // takes its block's half by the HMUL2 operand selector (one conversion per key, not two).
+    uint32_t ksc[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) ksc[j] = scale_pair_bf16(D == 128 ? r.ks[j] : r.ks[j] * 0x101u);
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) {
+      uint32_t w[2][4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        e2m1x8_to_bf16(r.k[j][i], w[j]);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          // Word i: block i / 2 (d = 128) or 0.
+          w[j][q] = (D == 128 && (i >> 1)) ? bf16x2_mul_bcast<1>(w[j][q], ksc[j])
+                                           : bf16x2_mul_bcast<0>(w[j][q], ksc[j]);
+        }
+      }
+      uint32_t a[4];
+      kt_a_frag(w[0][0], w[0][1], w[1][0], w[1][1], a);
+      mma_bf16_16816(s, a, qb[2 * i][0], qb[2 * i][1]);
+      kt_a_frag(w[0][2], w[0][3], w[1][2], w[1][3], a);
+      mma_bf16_16816(s, a, qb[2 * i + 1][0], qb[2 * i + 1][1]);
+    }
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      uint32_t lo[2], hi[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint32_t x = r.k[j][ks];
+        const float2 a = e4m3x2_to_float2(x & 0xFFFFu), b = e4m3x2_to_float2(x >> 16);
+        lo[j] = pack_bf16x2(a.x, a.y);
+        hi[j] = pack_bf16x2(b.x, b.y);
+      }
+      uint32_t a[4];
+      kt_a_frag(lo[0], hi[0], lo[1], hi[1], a);
+      mma_bf16_16816(s, a, qb[ks][0], qb[ks][1]);
+    }
+  }
+  // Scale, mask, online softmax (base 2). Element e: key kt + g + 8 (e >> 1), row 2t + (e & 1);
+  // a row's 16 keys live in the 8 lanes of one t (xor 4, 8, 16).
+  float corr[2];
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = kt + g + 8 * h;
+      float& x = s[2 * h + rr];
+      x = key < vis[rr] ? x * sl2 : -INFINITY;
+      mx = fmaxf(mx, x);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 4));
+    mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 8));
+    mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 16));
+    const float m_new = fmaxf(st.m[rr], mx);
+    const float ref = m_new == -INFINITY ? 0.f : m_new;
+    corr[rr] = st.m[rr] == m_new ? 1.f : fast_exp2(st.m[rr] - ref);
+    float sum = 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float& x = s[2 * h + rr];
+      x = fast_exp2(x - ref);
+      sum += x;
+    }
+    st.l[rr] = st.l[rr] * corr[rr] + sum;
+    st.m[rr] = m_new;
+  }
+  if (__any_sync(0xFFFFFFFFu, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+    for (int i = 0; i < D / 16; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st.o[i][e] *= corr[e & 1];
+    }
+  }
+  // P^T as the B operand: keys 0..7 and 8..15 as two 8x8 BF16 matrices, transposed in registers.
+  const uint32_t pb0 = movmatrix_trans(pack_bf16x2(s[0], s[1]));
+  const uint32_t pb1 = movmatrix_trans(pack_bf16x2(s[2], s[3]));
+  // O^T += V^T P^T: M-tile i = the 16-row form's n-tiles 2i, 2i + 1 (same dequantization).
+  if constexpr (kFp4) {
+    const uint32_t sc0 = scale_pair_bf16(r.vs[0] | r.vs[1] << 8);
+    const uint32_t sc1 = scale_pair_bf16(r.vs[2] | r.vs[3] << 8);
+#pragma unroll
+    for (int i = 0; i < D / 64; ++i) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        uint32_t w0[4], w1[4];
+        e2m1x8_to_bf16(nvfp4_key_pair(r.v[0][i], r.v[1][i], half), w0);
+        e2m1x8_to_bf16(nvfp4_key_pair(r.v[2][i], r.v[3][i], half), w1);
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          // n-tiles 8i + 4 half + 2u + {0, 1}: M-tile 4i + 2 half + u.
+          uint32_t a[4];
+          vt_a_frag(bf16x2_mul(w0[2 * u], sc0), bf16x2_mul(w1[2 * u], sc1),
+                    bf16x2_mul(w0[2 * u + 1], sc0), bf16x2_mul(w1[2 * u + 1], sc1), a);
+          mma_bf16_16816(st.o[4 * i + 2 * half + u], a, pb0, pb1);
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < D / 32; ++i) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t sh = 16 * half;
+        const float2 a = e4m3x2_to_float2(r.v[0][i] >> sh), b = e4m3x2_to_float2(r.v[1][i] >> sh);
+        const float2 c = e4m3x2_to_float2(r.v[2][i] >> sh), d = e4m3x2_to_float2(r.v[3][i] >> sh);
+        // n-tiles 4i + 2 half (.x) and + 1 (.y): M-tile 2i + half.
+        uint32_t af[4];
+        vt_a_frag(pack_bf16x2(a.x, b.x), pack_bf16x2(c.x, d.x), pack_bf16x2(a.y, b.y),
+                  pack_bf16x2(c.y, d.y), af);
+        mma_bf16_16816(st.o[2 * i + half], af, pb0, pb1);
+      }
+    }
+  }
+}
+
 // ---- the kernel ---------------------------------------------------------------------------------
 
 // Shared memory of the warp merge: per warp 16 rows of O, row stride d + 8 floats, element
@@ -448,21 +668,24 @@ __device__ __forceinline__ void compute_tile(const RawTile<D, kFp4>& r,
 // the accumulators and the loads of the merge are (nearly) free of bank conflicts.
 template <int D>
 constexpr int kORowStride = D + 8;
-template <int D>
+template <int D, bool kT = false>
 constexpr size_t decode_smem_bytes() {
-  return sizeof(float) *
-         (kDecodeWarps * kDecodeRows * kORowStride<D> + 2 * kDecodeWarps * kDecodeRows);
+  constexpr int kRows = kBlockRows<kT>;
+  return sizeof(float) * (kDecodeWarps * kRows * kORowStride<D> + 2 * kDecodeWarps * kRows);
 }
 
-template <int D, bool kFp4>
-__global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4>)
+// kT: the transposed form (7.8), for row blocks of <= 8 rows; the host picks it when every
+// sequence's rows per kv head fit (decode.cu).
+template <int D, bool kFp4, bool kT = false>
+__global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4, kT>)
     paged_decode_kernel(const DecodeParams p) {
+  constexpr int kRows = kBlockRows<kT>;
   extern __shared__ float4 smem_f4[];
   constexpr int RS = kORowStride<D>;
-  float* s_o = reinterpret_cast<float*>(smem_f4);        // [warps][16][RS]
-  float* s_m = s_o + kDecodeWarps * kDecodeRows * RS;    // [warps][16]
-  float* s_l = s_m + kDecodeWarps * kDecodeRows;         // [warps][16]
-  uint16_t* s_q = reinterpret_cast<uint16_t*>(smem_f4);  // [16][D] BF16, before the main loop
+  float* s_o = reinterpret_cast<float*>(smem_f4);        // [warps][kRows][RS]
+  float* s_m = s_o + kDecodeWarps * kRows * RS;          // [warps][kRows]
+  float* s_l = s_m + kDecodeWarps * kRows;               // [warps][kRows]
+  uint16_t* s_q = reinterpret_cast<uint16_t*>(smem_f4);  // [kRows][D] BF16, before the main loop
 
   const int split = blockIdx.x;
   const int hk = blockIdx.y / p.row_blocks, rb_first = blockIdx.y % p.row_blocks;
@@ -487,7 +710,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4>)
   const int len = bad_len ? 0 : len_raw;
   const int group = p.group;
   const int rows_total = sq * group;
-  const int num_rb = (rows_total + kDecodeRows - 1) / kDecodeRows;
+  const int num_rb = (rows_total + kRows - 1) / kRows;
   const int kbeg = split * p.split_size;
   const int kend_split = min(len, kbeg + p.split_size);
   const float k_factor = kFp4 ? 256.f / __ldg(p.k.global) : __ldg(p.k.global);
@@ -495,8 +718,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4>)
   const float sl2 = p.scale_log2 * k_factor;
 
   for (int rb = rb_first; rb < num_rb; rb += p.row_blocks) {
-    const int m0 = rb * kDecodeRows;
-    const int rows = min(kDecodeRows, rows_total - m0);
+    const int m0 = rb * kRows;
+    const int rows = min(kRows, rows_total - m0);
     // Keys [kbeg, vis) are visible to row m (token m / group): causal bottom-right.
     auto visible_end = [&](int m) {
       if (!p.causal) return kend_split;
@@ -506,7 +729,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4>)
 
     // Q rows into shared memory (BF16, true channel order; padding rows zero).
     __syncthreads();
-    for (int idx = threadIdx.x; idx < kDecodeRows * D; idx += kDecodeThreads) {
+    for (int idx = threadIdx.x; idx < kRows * D; idx += kDecodeThreads) {
       const int r = idx / D, c = idx % D;
       uint16_t x = 0;
       if (r < rows) {
@@ -518,12 +741,15 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4>)
       s_q[idx] = x;
     }
     __syncthreads();
-    uint32_t qa[D / 16][4];
+    // 16-row form: A fragments (rows g, g + 8); transposed: B fragments (row g).
+    constexpr int kQRegs = kT ? 2 : 4;
+    uint32_t qa[D / 16][kQRegs];
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
 #pragma unroll
-      for (int reg = 0; reg < 4; ++reg) {
-        const int row = g + 8 * (reg & 1), kk = 2 * t + 8 * (reg >> 1);
+      for (int reg = 0; reg < kQRegs; ++reg) {
+        const int row = kT ? g : g + 8 * (reg & 1);
+        const int kk = kT ? qt_b_kidx(t, reg) : 2 * t + 8 * (reg >> 1);
         const int c0 = kFp4 ? phys_k_nvfp4<D>(ks, kk) : phys_k_fp8<D>(ks, kk);
         const int c1 = kFp4 ? phys_k_nvfp4<D>(ks, kk + 1) : phys_k_fp8<D>(ks, kk + 1);
         qa[ks][reg] = uint32_t(s_q[row * D + c0]) | uint32_t(s_q[row * D + c1]) << 16;
@@ -531,15 +757,17 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4>)
     }
     __syncthreads();  // s_q is overwritten by the epilogue
 
+    // The lane's two rows: g, g + 8 (16-row form) or 2t, 2t + 1 (transposed).
     int vis[2];
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
-      const int r = g + 8 * rr;
+      const int r = kT ? 2 * t + rr : g + 8 * rr;
       vis[rr] = r < rows ? visible_end(m0 + r) : kbeg;
     }
-    WarpState<D> st;
+    std::conditional_t<kT, WarpStateT<D>, WarpState<D>> st;
+    constexpr int kOTiles = kT ? D / 16 : D / 8;
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
+    for (int n = 0; n < kOTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) st.o[n][e] = 0.f;
     }
@@ -552,7 +780,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4>)
     // The page ids run one tile further ahead (tile_page).
     int kt = kbeg + kDecodeTile * warp;
     RawTile<D, kFp4> ra, rbuf;
-    if (kt < kend) load_tile<D, kFp4>(p, b, hk, kt, kend, tile_page(p, b, kt, kend), g, t, ra, &bad);
+    if (kt < kend)
+      load_tile<D, kFp4>(p, b, hk, kt, kend, tile_page(p, b, kt, kend), g, t, ra, &bad);
     int32_t page_next = tile_page(p, b, kt + kStride, kend);
     while (kt < kend) {
       int32_t page_after = tile_page(p, b, kt + 2 * kStride, kend);
@@ -560,7 +789,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4>)
         load_tile<D, kFp4>(p, b, hk, kt + kStride, kend, page_next, g, t, rbuf, &bad);
       }
       page_next = page_after;
-      compute_tile<D, kFp4>(ra, qa, kt, vis, sl2, t, st);
+      if constexpr (kT) {
+        compute_tile_t<D, kFp4>(ra, qa, kt, vis, sl2, g, st);
+      } else {
+        compute_tile<D, kFp4>(ra, qa, kt, vis, sl2, t, st);
+      }
       kt += kStride;
       if (kt >= kend) break;
       page_after = tile_page(p, b, kt + 2 * kStride, kend);
@@ -568,30 +801,58 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4>)
         load_tile<D, kFp4>(p, b, hk, kt + kStride, kend, page_next, g, t, ra, &bad);
       }
       page_next = page_after;
-      compute_tile<D, kFp4>(rbuf, qa, kt, vis, sl2, t, st);
+      if constexpr (kT) {
+        compute_tile_t<D, kFp4>(rbuf, qa, kt, vis, sl2, g, st);
+      } else {
+        compute_tile<D, kFp4>(rbuf, qa, kt, vis, sl2, t, st);
+      }
       kt += kStride;
     }
 
     // Warp results to shared memory: O in true channel order, m and the quad's l per row.
+    float* wo = s_o + warp * kRows * RS;
+    if constexpr (kT) {
+      // Row 2t + rr's l is spread over the 8 lanes of one t.
 #pragma unroll
-    for (int rr = 0; rr < 2; ++rr) {
-      st.l[rr] += __shfl_xor_sync(0xFFFFFFFFu, st.l[rr], 1);
-      st.l[rr] += __shfl_xor_sync(0xFFFFFFFFu, st.l[rr], 2);
-    }
-    float* wo = s_o + warp * kDecodeRows * RS;
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
-        wo[row * RS + 8 * n + col] = st.o[n][e];
+      for (int rr = 0; rr < 2; ++rr) {
+        st.l[rr] += __shfl_xor_sync(0xFFFFFFFFu, st.l[rr], 4);
+        st.l[rr] += __shfl_xor_sync(0xFFFFFFFFu, st.l[rr], 8);
+        st.l[rr] += __shfl_xor_sync(0xFFFFFFFFu, st.l[rr], 16);
       }
-    }
-    if (t == 0) {
-      s_m[warp * kDecodeRows + g] = st.m[0];
-      s_m[warp * kDecodeRows + g + 8] = st.m[1];
-      s_l[warp * kDecodeRows + g] = st.l[0];
-      s_l[warp * kDecodeRows + g + 8] = st.l[1];
+      // M-tile i, element e: channel phys_ot(i, g + 8 (e >> 1)) = phys_o(2i + (e >> 1), g).
+#pragma unroll
+      for (int i = 0; i < D / 16; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          wo[ot_row(t, e) * RS + 8 * (2 * i + (e >> 1)) + g] = st.o[i][e];
+        }
+      }
+      if (g == 0) {
+        s_m[warp * kRows + 2 * t] = st.m[0];
+        s_m[warp * kRows + 2 * t + 1] = st.m[1];
+        s_l[warp * kRows + 2 * t] = st.l[0];
+        s_l[warp * kRows + 2 * t + 1] = st.l[1];
+      }
+    } else {
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        st.l[rr] += __shfl_xor_sync(0xFFFFFFFFu, st.l[rr], 1);
+        st.l[rr] += __shfl_xor_sync(0xFFFFFFFFu, st.l[rr], 2);
+      }
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
+          wo[row * RS + 8 * n + col] = st.o[n][e];
+        }
+      }
+      if (t == 0) {
+        s_m[warp * kRows + g] = st.m[0];
+        s_m[warp * kRows + g + 8] = st.m[1];
+        s_l[warp * kRows + g] = st.l[0];
+        s_l[warp * kRows + g + 8] = st.l[1];
+      }
     }
     const bool any_bad = __syncthreads_or(bad);
 
@@ -600,13 +861,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4>)
     if (row < rows) {
       float mx = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, s_m[w * kDecodeRows + row]);
+      for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, s_m[w * kRows + row]);
       const float ref = mx == -INFINITY ? 0.f : mx;
       float f[kDecodeWarps], l = 0.f;
 #pragma unroll
       for (int w = 0; w < kDecodeWarps; ++w) {
-        f[w] = fast_exp2(s_m[w * kDecodeRows + row] - ref);
-        l += f[w] * s_l[w * kDecodeRows + row];
+        f[w] = fast_exp2(s_m[w * kRows + row] - ref);
+        l += f[w] * s_l[w * kRows + row];
       }
       const float nan = __int_as_float(0x7FC00000);
       const float inv = l > 0.f ? v_factor / l : 0.f;
@@ -627,7 +888,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4>)
           float acc = 0.f;
 #pragma unroll
           for (int w = 0; w < kDecodeWarps; ++w) {
-            acc += f[w] * s_o[(w * kDecodeRows + row) * RS + 8 * n + part];
+            acc += f[w] * s_o[(w * kRows + row) * RS + 8 * n + part];
           }
           dst[c] = any_bad ? nan : (l > 0.f ? acc * inv : (l == 0.f ? 0.f : nan));
         }
@@ -641,7 +902,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4>)
           float acc = 0.f;
 #pragma unroll
           for (int w = 0; w < kDecodeWarps; ++w) {
-            acc += f[w] * s_o[(w * kDecodeRows + row) * RS + 8 * n + part];
+            acc += f[w] * s_o[(w * kRows + row) * RS + 8 * n + part];
           }
           const float val = any_bad ? nan : (l > 0.f ? acc * inv : (l == 0.f ? 0.f : nan));
           const __nv_bfloat16 h = __float2bfloat16_rn(val);
