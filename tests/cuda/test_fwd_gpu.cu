@@ -4,7 +4,8 @@
 // poisoned before launch, repeated runs bitwise identical, rows without keys,
 // NaN inputs, FP16 output, both entry points. Skips when no GPU is present.
 //
-// Filters: 'FwdGpu.*', 'Shapes/FwdGpuShapes.*'.
+// Filters: 'FwdGpu.*', 'Shapes/FwdGpuShapes.*', 'ManyTiles/FwdGpuShapes.*' (CTAs walking
+// several tiles), 'StridedOutput/FwdGpuStrided.*'.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -52,6 +53,9 @@ constexpr double kMaxLseAbsVsGolden = 2e-3;
 // LSE move up to ln(9/8). fp4-direct's E2M1 codes move by up to half of themselves (4 <-> 6 at a
 // row's top key): ln(3/2). Most rows must still agree to 2e-3: a bias would move them all.
 constexpr double kMaxLseOutlierFraction = 0.02;
+// ...but at least this many rows: flips hit ~0.3-0.4% of rows, so a problem of 68 rows sees two
+// in a few percent of seeds (seen on the H200: 2 of 68 at a fresh seed, max 0.0026).
+constexpr int64_t kMinLseOutliersAllowed = 4;
 double max_lse_abs_vs_golden(Recipe r) {
   return r == Recipe::kNvfp4Fast ? 0.118 : r == Recipe::kFp4Direct ? 0.406 : kMaxLseAbsVsGolden;
 }
@@ -207,7 +211,8 @@ TEST_P(FwdGpuShapes, MatchesGoldenAndExact) {
   EXPECT_EQ(lse_bad, 0) << "LSE +inf rows differ";
   if (pb.recipe == Recipe::kNvfp4Fast || pb.recipe == Recipe::kFp4Direct) {
     EXPECT_LE(lse_err, max_lse_abs_vs_golden(pb.recipe));
-    EXPECT_LE(double(lse_outliers), kMaxLseOutlierFraction * double(g.lse.size()))
+    EXPECT_LE(double(lse_outliers), std::max(double(kMinLseOutliersAllowed),
+                                             kMaxLseOutlierFraction * double(g.lse.size())))
         << lse_outliers << " of " << g.lse.size() << " rows' LSE beyond " << kMaxLseAbsVsGolden;
   } else {
     EXPECT_LE(lse_err, kMaxLseAbsVsGolden);
@@ -283,6 +288,27 @@ std::vector<Problem> wide_causal_shapes() {
 INSTANTIATE_TEST_SUITE_P(WideCausal, FwdGpuShapes, ::testing::ValuesIn(wide_causal_shapes()),
                          [](const auto& info) { return info.param.name(); });
 
+// More tiles than an H100/H200 has SMs (132), so that each persistent CTA walks 2-5 tiles: the
+// Q buffers and the K/V ring are reused across tiles (chains of 1-3 key-block tiles, a chain
+// ending before keyless tiles, which causal s_q > s_k puts last in the longest-first order).
+// Every P path and both key widths (d = 64 non-causal: 256 keys).
+std::vector<Problem> many_tile_shapes() {
+  return {
+      {3, 512, 200, 48, 8, 64, true},                         // n = 2, 1, 0, 0 per m-tile
+      {2, 384, 300, 64, 8, 64, false},                        // N = 256, tail block
+      {2, 256, 333, 80, 16, 128, false},                      // n = 3, tail block
+      {2, 384, 250, 64, 8, 128, true},                        // n = 2, 1, 0
+      {1, 256, 17, 136, 8, 64, true},                         // n = 1, 0: the sanitizer's shape
+      {3, 512, 200, 48, 8, 64, true, Recipe::kNvfp4Fast},     // the ones-block row sums
+      {2, 384, 300, 64, 8, 64, false, Recipe::kNvfp4Fast},    // ones block at N = 256
+      {2, 256, 333, 80, 16, 128, false, Recipe::kNvfp4Fast},  //
+      {2, 384, 250, 64, 8, 128, true, Recipe::kFp4Direct},    //
+      {3, 512, 200, 48, 8, 64, true, Recipe::kNvfp4All},      //
+  };
+}
+INSTANTIATE_TEST_SUITE_P(ManyTiles, FwdGpuShapes, ::testing::ValuesIn(many_tile_shapes()),
+                         [](const auto& info) { return info.param.name(); });
+
 TEST(FwdGpu, Fp16OutputAndOperandEntryPoint) {
   SKIP_WITHOUT_GPU();
   const Problem pb{1, 300, 700, 4, 2, 128, true};
@@ -353,9 +379,13 @@ TEST(FwdGpu, Fp16OutputAndOperandEntryPoint) {
 
 // O with strides TMA cannot use (row stride not a multiple of 16 bytes) takes the epilogue's
 // register-store path: the same bits as the TMA-store path on a contiguous O, padding untouched.
-TEST(FwdGpu, StridedOutputMatchesContiguous) {
+// The register-store epilogue (O strides TMA cannot take) gives the TMA epilogue's bits: one CTA
+// per tile, and CTAs walking several tiles (causal s_q > s_k: keyless tiles last).
+class FwdGpuStrided : public ::testing::TestWithParam<Problem> {};
+
+TEST_P(FwdGpuStrided, MatchesContiguous) {
   SKIP_WITHOUT_GPU();
-  const Problem pb{2, 200, 300, 4, 2, 64, true};
+  const Problem pb = GetParam();
   std::mt19937_64 rng(fresh_seed());
   const auto q = random_bf16(pb.b * pb.s_q * pb.h * pb.d, rng);
   const auto k = random_bf16(pb.b * pb.s_k * pb.h_kv * pb.d, rng);
@@ -389,6 +419,12 @@ TEST(FwdGpu, StridedOutputMatchesContiguous) {
   EXPECT_EQ(differ, 0);
   EXPECT_EQ(pad_touched, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(StridedOutput, FwdGpuStrided,
+                         ::testing::Values(Problem{2, 200, 300, 4, 2, 64, true},
+                                           Problem{2, 600, 300, 48, 8, 64, true},
+                                           Problem{2, 256, 333, 80, 16, 128, false}),
+                         [](const auto& info) { return info.param.name(); });
 
 // Varlen (FlashAttention's cu_seqlens): each sequence equals the golden model run on it alone;
 // sequences without queries or keys, causal with s_q > s_k, GQA; poisoned outputs all written.
