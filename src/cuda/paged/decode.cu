@@ -26,10 +26,16 @@ using paged::DecodeSide;
 // kSms * ctas_per_sm resident CTAs (ctas_per_sm: the kernel's __launch_bounds__ minimum, which its
 // registers allow; shared memory allows more), each CTA costs kCtaFixedKeys key-equivalents
 // (Q staging, the first tile's memory latency, the merge and the partial write: ~2.5 us against
-// ~10-25 ns per key and CTA measured at b = 32) plus its split's keys, so a plan of n splits costs
-// ceil(pairs * n / slots) * (kCtaFixedKeys + split_size); the cheapest n wins, fewer on a tie.
+// ~10-25 ns per key and CTA measured at b = 32) plus its split's keys, and a split launch adds the
+// combine: kCombineKeys (its launch and first round trips) + kCombineKeysPerSplit per split (one
+// L2 load per split and channel, 16 in flight per thread), so a plan of n splits costs
+// ceil(pairs * n / slots) * (kCtaFixedKeys + split_size) + [n > 1] (kCombineKeys +
+// n * kCombineKeysPerSplit); the cheapest n wins, fewer on a tie. (Key-equivalents: ~29 ns per
+// key and CTA at 4 CTAs/SM, the b = 32 fit of 7.10.)
 constexpr int64_t kSms = 132;  // H200
 constexpr int64_t kCtaFixedKeys = 256;
+constexpr int64_t kCombineKeys = 96;
+constexpr int64_t kCombineKeysPerSplit = 2;
 constexpr int64_t kMinSplitKeys = 256;
 constexpr int64_t kSplitAlign = 64;
 constexpr int64_t kMaxGridYz = 65535;
@@ -219,7 +225,9 @@ void launch_decode(const Plan& plan, const DecodeParams& p, bool fp4, cudaStream
 void launch_combine(const CombineParams& c, cudaStream_t stream) {
   const int64_t items = c.total_q * c.h;
   if (items == 0) return;
-  paged::combine_partials_kernel<<<static_cast<unsigned>(ceil_div(items, 4)), 128, 0, stream>>>(c);
+  // One CTA per item (the kernel loops when there are more).
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(items, int64_t{1} << 24));
+  paged::combine_partials_kernel<<<grid, paged::kCombineThreads, 0, stream>>>(c);
 }
 
 bool empty_problem(const Plan& plan) { return plan.qs.b == 0 || plan.qs.total_q == 0; }
@@ -253,8 +261,10 @@ void paged_attention_split_plan(int64_t b, int64_t kv_heads, int64_t row_blocks,
     int64_t best_cost = -1;
     for (int64_t n = 1; n <= n_max; ++n) {
       const int64_t sz = ceil_div(ceil_div(max_len, n), kSplitAlign) * kSplitAlign;
-      const int64_t ctas = pairs * ceil_div(max_len, sz);
-      const int64_t cost = ceil_div(ctas, slots) * (kCtaFixedKeys + sz);
+      const int64_t n_real = ceil_div(max_len, sz);
+      const int64_t ctas = pairs * n_real;
+      const int64_t cost = ceil_div(ctas, slots) * (kCtaFixedKeys + sz) +
+                           (n_real > 1 ? kCombineKeys + n_real * kCombineKeysPerSplit : 0);
       if (best_cost < 0 || cost < best_cost) {
         best_cost = cost;
         size = sz;

@@ -932,40 +932,62 @@ struct CombineParams {
   int64_t l_sb, l_si, l_sh;
 };
 
-// One warp per (row, head): the float64 combine's math in FP32.
-__global__ void __launch_bounds__(128) combine_partials_kernel(const CombineParams p) {
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
-  if (item >= p.total_q * p.h) return;
-  const int lane = threadIdx.x % 32;
-  const int64_t r = item / p.h;
-  const int hq = static_cast<int>(item % p.h);
-  float m = -INFINITY;
-  for (int s = 0; s < p.splits; ++s) {
-    const float x = p.lse_part[s * p.lp_s[0] + r * p.lp_s[1] + hq * p.lp_s[2]];
-    if (!(x <= m)) m = x;  // takes a NaN
-  }
-  const int64_t bi = p.s_q > 0 ? r / p.s_q : r, i = p.s_q > 0 ? r % p.s_q : 0;
-  uint16_t* out = p.o + bi * p.o_sb + i * p.o_si + hq * p.o_sh;
-  if (m == -INFINITY) {
-    for (int c = lane; c < p.d; c += 32) out[c] = 0;
-    if (lane == 0 && p.lse != nullptr) p.lse[bi * p.l_sb + i * p.l_si + hq * p.l_sh] = INFINITY;
-    return;
-  }
-  float sum = 0.f;
-  for (int s = 0; s < p.splits; ++s) {
-    sum += expf(p.lse_part[s * p.lp_s[0] + r * p.lp_s[1] + hq * p.lp_s[2]] - m);
-  }
-  for (int c = lane; c < p.d; c += 32) {
-    float acc = 0.f;
+// One CTA per (row, head) item (grid-stride), the float64 combine's math in FP32 with its order
+// of operations, so that its bits do not depend on how the work is spread: the max by the
+// golden's sequential rule, the sum in split order, each channel's sum of w_s O_s in split order.
+// The old form (one warp per item, each lane looping over every split for each of its channels)
+// ran ~splits x d/32 dependent L2 round trips with only total_q x h warps in flight: at b = 1 and
+// 64 splits, 32 warps on 8 SMs for tens of microseconds (decode.md 7.10). Here the LSEs come in
+// one parallel load, the weights are computed once per split into shared memory, and each thread
+// owns one channel, its split loads independent of each other (unrolled).
+constexpr int kCombineThreads = 128;
+constexpr int kCombineSmemSplits = 1024;  // weights kept in shared memory; beyond, recomputed
+
+__global__ void __launch_bounds__(kCombineThreads) combine_partials_kernel(const CombineParams p) {
+  __shared__ float s_w[kCombineSmemSplits];
+  const int64_t items = p.total_q * p.h;
+  const int nsm = min(p.splits, kCombineSmemSplits);
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t r = item / p.h;
+    const int hq = static_cast<int>(item % p.h);
+    const float* lse_row = p.lse_part + r * p.lp_s[1] + hq * p.lp_s[2];
+    const float* o_row = p.o_part + r * p.op_s[1] + hq * p.op_s[2];
+    __syncthreads();  // s_w of the previous item is consumed
+    for (int s = threadIdx.x; s < nsm; s += kCombineThreads) s_w[s] = lse_row[s * p.lp_s[0]];
+    __syncthreads();
+    auto lse_at = [&](int s) { return s < nsm ? s_w[s] : lse_row[s * p.lp_s[0]]; };
+    // Every thread folds the max itself, in split order (shared-memory broadcasts): the golden's
+    // rule takes a NaN and restarts after it, an order-dependent fold.
+    float m = -INFINITY;
     for (int s = 0; s < p.splits; ++s) {
-      const float w = expf(p.lse_part[s * p.lp_s[0] + r * p.lp_s[1] + hq * p.lp_s[2]] - m);
-      acc += w * p.o_part[s * p.op_s[0] + r * p.op_s[1] + hq * p.op_s[2] + c];
+      const float x = lse_at(s);
+      if (!(x <= m)) m = x;  // takes a NaN
     }
-    const __nv_bfloat16 h = __float2bfloat16_rn(acc / sum);
-    out[c] = *reinterpret_cast<const uint16_t*>(&h);
-  }
-  if (lane == 0 && p.lse != nullptr) {
-    p.lse[bi * p.l_sb + i * p.l_si + hq * p.l_sh] = m + logf(sum);
+    const int64_t bi = p.s_q > 0 ? r / p.s_q : r, i = p.s_q > 0 ? r % p.s_q : 0;
+    uint16_t* out = p.o + bi * p.o_sb + i * p.o_si + hq * p.o_sh;
+    if (m == -INFINITY) {  // uniform over the CTA
+      for (int c = threadIdx.x; c < p.d; c += kCombineThreads) out[c] = 0;
+      if (threadIdx.x == 0 && p.lse != nullptr) {
+        p.lse[bi * p.l_sb + i * p.l_si + hq * p.l_sh] = INFINITY;
+      }
+      continue;
+    }
+    __syncthreads();  // every thread has read the LSEs
+    for (int s = threadIdx.x; s < nsm; s += kCombineThreads) s_w[s] = expf(s_w[s] - m);
+    __syncthreads();
+    auto w_at = [&](int s) { return s < nsm ? s_w[s] : expf(lse_row[s * p.lp_s[0]] - m); };
+    float sum = 0.f;
+    for (int s = 0; s < p.splits; ++s) sum += w_at(s);
+    for (int c = threadIdx.x; c < p.d; c += kCombineThreads) {
+      float acc = 0.f;
+#pragma unroll 16
+      for (int s = 0; s < p.splits; ++s) acc += w_at(s) * o_row[s * p.op_s[0] + c];
+      const __nv_bfloat16 h = __float2bfloat16_rn(acc / sum);
+      out[c] = *reinterpret_cast<const uint16_t*>(&h);
+    }
+    if (threadIdx.x == 0 && p.lse != nullptr) {
+      p.lse[bi * p.l_sb + i * p.l_si + hq * p.l_sh] = m + logf(sum);
+    }
   }
 }
 
