@@ -112,6 +112,13 @@ Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedK
   FP4ATTN_RETURN_IF_ERROR(check_in_page(cache.v_data, "v_cache"));
   FP4ATTN_RETURN_IF_ERROR(check_in_page(cache.k_scales, "k_scales"));
   FP4ATTN_RETURN_IF_ERROR(check_in_page(cache.v_scales, "v_scales"));
+  // The NVFP4 ring forms a page's address as a 32 x 32 -> 64-bit product.
+  for (const TensorView* t : {&cache.k_data, &cache.v_data, &cache.k_scales, &cache.v_scales}) {
+    if (t->defined() && t->stride[0] > UINT32_MAX) {
+      return Status::Unsupported("paged cache: a page stride of " + std::to_string(t->stride[0]) +
+                                 " bytes; the decode kernel needs page strides below 2^32");
+    }
+  }
   double scale = 0;
   FP4ATTN_RETURN_IF_ERROR(resolve_softmax_scale(opt.softmax_scale, kv.head_dim, &scale));
 
@@ -187,6 +194,12 @@ Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedK
   p.pages16 = kv.page_size % 16 == 0;
   p.k_scales_u16 = p.k.scales != nullptr && reinterpret_cast<uintptr_t>(p.k.scales) % 2 == 0 &&
                    p.k.scales_s[0] % 2 == 0 && p.k.scales_s[1] % 2 == 0 && p.k.scales_s[2] % 2 == 0;
+  auto scales_vec = [&](const DecodeSide& sd) {
+    const int64_t v = kv.head_dim / 16;
+    return sd.scales != nullptr && reinterpret_cast<uintptr_t>(sd.scales) % v == 0 &&
+           sd.scales_s[0] % v == 0 && sd.scales_s[1] % v == 0 && sd.scales_s[2] % v == 0;
+  };
+  p.scales_vec = scales_vec(p.k) && scales_vec(p.v);
   p.num_pages = static_cast<int32_t>(kv.num_pages);
   p.max_pages = static_cast<int32_t>(std::min<int64_t>(qs.max_pages, INT32_MAX));
   p.h = static_cast<int32_t>(qs.h);
@@ -202,7 +215,7 @@ void launch_decode_t(const DecodeParams& p, int64_t kv_heads, int64_t b, cudaStr
   const dim3 grid(static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(kv_heads * p.row_blocks), static_cast<unsigned>(b));
   paged::paged_decode_kernel<D, kFp4, kT>
-      <<<grid, paged::kDecodeThreads, paged::decode_smem_bytes<D, kT>(), stream>>>(p);
+      <<<grid, paged::kDecodeThreads, paged::decode_smem_bytes<D, kT, kFp4>(), stream>>>(p);
 }
 
 template <bool kT>
