@@ -83,6 +83,8 @@ struct Config {
   int splits = 0;            // PagedAttentionCudaOptions::num_splits
   bool host_copies = true;   // pass the index tensors' host copies
   bool interleaved = false;  // per-page [K data | K scales | V data | V scales] pool
+  bool odd_scales = false;   // compact pool with the scale arrays at odd byte offsets: the NVFP4
+                             // ring's byte-copy fallback and the K scales' byte loads
   bool varlen = false;       // rank-3 q with cu_seqlens_q (s_q per sequence: s_q, s_q - 1, ...)
   bool causal = true;
   uint32_t seed = 1;
@@ -96,6 +98,7 @@ struct Config {
     for (int32_t l : lens) s += " " + std::to_string(l);
     if (varlen) s += " varlen";
     if (interleaved) s += " interleaved";
+    if (odd_scales) s += " odd-scales";
     if (!host_copies) s += " no-host-copies";
     if (!causal) s += " non-causal";
     return s;
@@ -161,9 +164,9 @@ Cache make_cache(const Config& c) {
     x.pool.assign(x.pages * stride, 0x5A);
   } else {
     x.off[0] = 0;
-    x.off[1] = x.pages * dp;
+    x.off[1] = x.pages * dp + (c.odd_scales ? 1 : 0);
     x.off[2] = ceil_div(x.off[1] + x.pages * sp, 16) * 16;
-    x.off[3] = x.off[2] + x.pages * dp;
+    x.off[3] = x.off[2] + x.pages * dp + (c.odd_scales ? 1 : 0);
     x.page_stride[0] = dp;
     x.page_stride[1] = sp;
     x.pool.assign(x.off[3] + x.pages * sp, 0x5A);
@@ -478,6 +481,7 @@ void sweep(KvCacheFormat format, int64_t d) {
         c.lens = seed % 2 ? std::vector<int32_t>{1, 17, 1000, 5000}
                           : std::vector<int32_t>{300, 64, 17, 2049, 1};
         c.interleaved = seed % 4 == 1;
+        c.odd_scales = format == KvCacheFormat::kNvfp4 && seed % 4 == 3;
         check_config(c);
         if (::testing::Test::HasFailure()) return;
       }
@@ -799,6 +803,9 @@ TEST(PagedDecodeGpu, BadInputIsRejectedBeforeAnyLaunch) {
   PagedKvCache huge_head_stride = cache;  // in-page offsets beyond 2^31 (32-bit in the kernel)
   huge_head_stride.k_data = make_strided_view(fake, DType::kU8, {pages, ps, h_kv, d / 2},
                                               {int64_t{1} << 33, 64, int64_t{1} << 31, 1});
+  PagedKvCache huge_page_stride = cache;  // page strides >= 2^32 (a 32 x 32-bit product)
+  huge_page_stride.v_data = make_strided_view(fake, DType::kU8, {pages, ps, h_kv, d / 2},
+                                              {int64_t{1} << 32, h_kv * d / 2, d / 2, 1});
   PagedAttentionCudaOptions small_ws;
   small_ws.num_splits = 4;
   small_ws.workspace = fake;
@@ -833,6 +840,7 @@ TEST(PagedDecodeGpu, BadInputIsRejectedBeforeAnyLaunch) {
       {"misaligned k", run(q, misaligned, o, lse, none), "k_cache"},
       {"v stride", run(q, bad_stride, o, lse, none), "v_cache"},
       {"in-page offsets", run(q, huge_head_stride, o, lse, none), "offsets inside a page"},
+      {"page stride", run(q, huge_page_stride, o, lse, none), "page strides below 2^32"},
       {"page id", run(q, cache, o, lse, host(bt_oob, sl_ok)), "block_tables[0, 1]"},
       {"seq_len", run(q, cache, o, lse, host(bt_ok, sl_long)), "seq_lens[1]"},
       {"half host copies", run(q, cache, o, lse, half_host), "copt.block_tables_host"},

@@ -8,6 +8,7 @@
 // check the kernel itself.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -506,4 +507,92 @@ TEST(DecodeBits, FragmentEmulationFp8) {
 }
 
 }  // namespace
+
+namespace {
+
+// The NVFP4 ring (decode_bits.h, decode.md 7.10): every lane's copies of a tile into a stage,
+// then every lane's reads from it, must give each lane the bytes the register path loads from the
+// cache rows (K chunk t of keys g, g + 8; V bytes [g d/16, ...) of keys v_key(t, j); the scale
+// bytes of the lane's blocks), the copies must not overlap or leave the stage, and the V reads of
+// one instruction (LDS, one key slot j across the warp) must be free of bank conflicts beyond the
+// minimum wavefronts.
+template <int D>
+void ring_round_trip() {
+  using L = RingLayout<D>;
+  constexpr int kRow = D / 2, kSc = D / 16;
+  std::mt19937 rng(D);
+  // Source rows of the tile's 16 keys: [key][bytes], K and V, data and scales.
+  std::vector<uint8_t> kd(16 * kRow), vd(16 * kRow), ks(16 * kSc), vs(16 * kSc);
+  for (auto* v : {&kd, &vd, &ks, &vs}) {
+    for (auto& x : *v) x = static_cast<uint8_t>(rng());
+  }
+  std::vector<int> owner(L::kStage, -1);
+  std::vector<uint8_t> stage(L::kStage, 0);
+  auto put = [&](int dst, const uint8_t* src, int n, int lane) {
+    ASSERT_GE(dst, 0);
+    ASSERT_LE(dst + n, L::kStage);
+    ASSERT_EQ(dst % n, 0) << "cp.async destination alignment";
+    for (int i = 0; i < n; ++i) {
+      ASSERT_EQ(owner[dst + i], -1) << "stage byte " << dst + i << " copied twice";
+      owner[dst + i] = lane;
+      stage[dst + i] = src[i];
+    }
+  };
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane >> 2, t = lane & 3;
+    for (int j = 0; j < 2; ++j) {
+      const int key = g + 8 * j;
+      put(ring_data_dst<D>(false, g, t, j), &kd[key * kRow + t * (D / 8)], D / 8, lane);
+      put(ring_data_dst<D>(true, g, t, j), &vd[key * kRow + t * (D / 8)], D / 8, lane);
+    }
+    const int key = lane & 15;
+    put(ring_scale_dst<D>(lane), lane >= 16 ? &vs[key * kSc] : &ks[key * kSc], kSc, lane);
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane >> 2, t = lane & 3;
+    for (int j = 0; j < 2; ++j) {
+      const int key = g + 8 * j;
+      for (int i = 0; i < D / 8; ++i) {
+        ASSERT_EQ(stage[ring_k_src<D>(g, t, j) + i], kd[key * kRow + t * (D / 8) + i])
+            << "K lane " << lane << " slot " << j;
+      }
+      for (int i = 0; i < (D == 128 ? 2 : 1); ++i) {
+        ASSERT_EQ(stage[ring_ks_src<D>(g, t, j) + i], ks[key * kSc + (D == 128 ? 2 * t : t) + i])
+            << "K scale lane " << lane << " slot " << j;
+      }
+    }
+    for (int j = 0; j < 4; ++j) {
+      const int key = v_key(t, j);
+      for (int i = 0; i < D / 16; ++i) {
+        ASSERT_EQ(stage[ring_v_src<D>(g, t, j) + i], vd[key * kRow + g * (D / 16) + i])
+            << "V lane " << lane << " key slot " << j;
+      }
+      ASSERT_EQ(stage[ring_vs_src<D>(g, t, j)], vs[key * kSc + (D == 128 ? g : g / 2)])
+          << "V scale lane " << lane << " key slot " << j;
+    }
+  }
+  // V reads: 32 lanes x d/16 bytes per instruction; 32 banks of 4 bytes. Wavefronts = the most
+  // distinct 4-byte words any one bank serves; the minimum is bytes / 128.
+  for (int j = 0; j < 4; ++j) {
+    std::vector<std::vector<int>> words(32);
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int i = 0; i < D / 16; i += 4) {
+        const int w = (ring_v_src<D>(lane >> 2, lane & 3, j) + i) / 4;
+        auto& b = words[w % 32];
+        if (std::find(b.begin(), b.end(), w) == b.end()) b.push_back(w);
+      }
+    }
+    size_t worst = 0;
+    for (const auto& b : words) worst = std::max(worst, b.size());
+    EXPECT_EQ(worst, static_cast<size_t>(32 * (D / 16) / 128)) << "V read slot " << j;
+  }
+}
+
+}  // namespace
+
+TEST(DecodeBits, RingCopiesAndReadsGiveTheRegisterPathsBytes) {
+  ring_round_trip<64>();
+  ring_round_trip<128>();
+}
+
 }  // namespace fp4attn::paged

@@ -26,10 +26,16 @@ using paged::DecodeSide;
 // kSms * ctas_per_sm resident CTAs (ctas_per_sm: the kernel's __launch_bounds__ minimum, which its
 // registers allow; shared memory allows more), each CTA costs kCtaFixedKeys key-equivalents
 // (Q staging, the first tile's memory latency, the merge and the partial write: ~2.5 us against
-// ~10-25 ns per key and CTA measured at b = 32) plus its split's keys, so a plan of n splits costs
-// ceil(pairs * n / slots) * (kCtaFixedKeys + split_size); the cheapest n wins, fewer on a tie.
+// ~10-25 ns per key and CTA measured at b = 32) plus its split's keys, and a split launch adds the
+// combine: kCombineKeys (its launch and first round trips) + kCombineKeysPerSplit per split (one
+// L2 load per split and channel, 16 in flight per thread), so a plan of n splits costs
+// ceil(pairs * n / slots) * (kCtaFixedKeys + split_size) + [n > 1] (kCombineKeys +
+// n * kCombineKeysPerSplit); the cheapest n wins, fewer on a tie. (Key-equivalents: ~29 ns per
+// key and CTA at 4 CTAs/SM, the b = 32 fit of 7.10.)
 constexpr int64_t kSms = 132;  // H200
 constexpr int64_t kCtaFixedKeys = 256;
+constexpr int64_t kCombineKeys = 96;
+constexpr int64_t kCombineKeysPerSplit = 2;
 constexpr int64_t kMinSplitKeys = 256;
 constexpr int64_t kSplitAlign = 64;
 constexpr int64_t kMaxGridYz = 65535;
@@ -106,6 +112,13 @@ Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedK
   FP4ATTN_RETURN_IF_ERROR(check_in_page(cache.v_data, "v_cache"));
   FP4ATTN_RETURN_IF_ERROR(check_in_page(cache.k_scales, "k_scales"));
   FP4ATTN_RETURN_IF_ERROR(check_in_page(cache.v_scales, "v_scales"));
+  // The NVFP4 ring forms a page's address as a 32 x 32 -> 64-bit product.
+  for (const TensorView* t : {&cache.k_data, &cache.v_data, &cache.k_scales, &cache.v_scales}) {
+    if (t->defined() && t->stride[0] > UINT32_MAX) {
+      return Status::Unsupported("paged cache: a page stride of " + std::to_string(t->stride[0]) +
+                                 " bytes; the decode kernel needs page strides below 2^32");
+    }
+  }
   double scale = 0;
   FP4ATTN_RETURN_IF_ERROR(resolve_softmax_scale(opt.softmax_scale, kv.head_dim, &scale));
 
@@ -181,6 +194,12 @@ Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedK
   p.pages16 = kv.page_size % 16 == 0;
   p.k_scales_u16 = p.k.scales != nullptr && reinterpret_cast<uintptr_t>(p.k.scales) % 2 == 0 &&
                    p.k.scales_s[0] % 2 == 0 && p.k.scales_s[1] % 2 == 0 && p.k.scales_s[2] % 2 == 0;
+  auto scales_vec = [&](const DecodeSide& sd) {
+    const int64_t v = kv.head_dim / 16;
+    return sd.scales != nullptr && reinterpret_cast<uintptr_t>(sd.scales) % v == 0 &&
+           sd.scales_s[0] % v == 0 && sd.scales_s[1] % v == 0 && sd.scales_s[2] % v == 0;
+  };
+  p.scales_vec = scales_vec(p.k) && scales_vec(p.v);
   p.num_pages = static_cast<int32_t>(kv.num_pages);
   p.max_pages = static_cast<int32_t>(std::min<int64_t>(qs.max_pages, INT32_MAX));
   p.h = static_cast<int32_t>(qs.h);
@@ -196,7 +215,7 @@ void launch_decode_t(const DecodeParams& p, int64_t kv_heads, int64_t b, cudaStr
   const dim3 grid(static_cast<unsigned>(p.num_splits),
                   static_cast<unsigned>(kv_heads * p.row_blocks), static_cast<unsigned>(b));
   paged::paged_decode_kernel<D, kFp4, kT>
-      <<<grid, paged::kDecodeThreads, paged::decode_smem_bytes<D, kT>(), stream>>>(p);
+      <<<grid, paged::kDecodeThreads, paged::decode_smem_bytes<D, kT, kFp4>(), stream>>>(p);
 }
 
 template <bool kT>
@@ -219,7 +238,9 @@ void launch_decode(const Plan& plan, const DecodeParams& p, bool fp4, cudaStream
 void launch_combine(const CombineParams& c, cudaStream_t stream) {
   const int64_t items = c.total_q * c.h;
   if (items == 0) return;
-  paged::combine_partials_kernel<<<static_cast<unsigned>(ceil_div(items, 4)), 128, 0, stream>>>(c);
+  // One CTA per item (the kernel loops when there are more).
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(items, int64_t{1} << 24));
+  paged::combine_partials_kernel<<<grid, paged::kCombineThreads, 0, stream>>>(c);
 }
 
 bool empty_problem(const Plan& plan) { return plan.qs.b == 0 || plan.qs.total_q == 0; }
@@ -253,8 +274,10 @@ void paged_attention_split_plan(int64_t b, int64_t kv_heads, int64_t row_blocks,
     int64_t best_cost = -1;
     for (int64_t n = 1; n <= n_max; ++n) {
       const int64_t sz = ceil_div(ceil_div(max_len, n), kSplitAlign) * kSplitAlign;
-      const int64_t ctas = pairs * ceil_div(max_len, sz);
-      const int64_t cost = ceil_div(ctas, slots) * (kCtaFixedKeys + sz);
+      const int64_t n_real = ceil_div(max_len, sz);
+      const int64_t ctas = pairs * n_real;
+      const int64_t cost = ceil_div(ctas, slots) * (kCtaFixedKeys + sz) +
+                           (n_real > 1 ? kCombineKeys + n_real * kCombineKeysPerSplit : 0);
       if (best_cost < 0 || cost < best_cost) {
         best_cost = cost;
         size = sz;

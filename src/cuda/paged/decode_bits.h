@@ -124,4 +124,52 @@ FP4ATTN_HD void vt_a_frag(uint32_t lo0, uint32_t hi0, uint32_t lo1, uint32_t hi1
 // C = O^T, element e of lane (g, t): channel phys_ot(i, g + 8 (e >> 1)), row 2t + (e & 1).
 FP4ATTN_HD int ot_row(int t, int e) { return 2 * t + (e & 1); }
 
+// ---- the NVFP4 shared-memory ring (decode.md 7.10) ---------------------------------------------
+// A stage holds one 16-key tile: K data, V data [16 keys][kPitch] (kPitch = d/2 + 16 bytes, so
+// that the V reads of keys 2t, 2t + 2, 2t + 4, 2t + 6 fall on distinct banks), then K scales and
+// V scales [16 keys][d/16]. Lane (g, t) copies the d/8-byte chunk t of keys g and g + 8 of K and
+// of V (unit j = 0, 1: key g + 8 j); lane l copies the scale row of key l & 15, K for l < 16 and V
+// otherwise. The reads give each lane the bytes the register path loads (RawTile): K chunk t of
+// keys g, g + 8, V bytes [g d/16, (g + 1) d/16) of keys v_key(t, j), K scale bytes of blocks
+// 2t, 2t + 1 (d = 128) or t (d = 64), V scale byte of block g (d = 128) or g / 2 (d = 64).
+template <int D>
+struct RingLayout {
+  static constexpr int kPitch = D / 2 + 16;
+  static constexpr int kKd = 0;
+  static constexpr int kVd = 16 * kPitch;
+  static constexpr int kKs = 32 * kPitch;
+  static constexpr int kVs = kKs + 16 * (D / 16);
+  static constexpr int kStage = kVs + 16 * (D / 16);
+};
+// Copies: stage offset of data unit j (key g + 8 j, chunk t) of K (v = false) or V.
+template <int D>
+FP4ATTN_HD int ring_data_dst(bool v, int g, int t, int j) {
+  using L = RingLayout<D>;
+  return (v ? L::kVd : L::kKd) + (g + 8 * j) * L::kPitch + t * (D / 8);
+}
+// Stage offset of lane's scale row (key lane & 15; K for lanes < 16).
+template <int D>
+FP4ATTN_HD int ring_scale_dst(int lane) {
+  using L = RingLayout<D>;
+  return (lane >= 16 ? L::kVs : L::kKs) + (lane & 15) * (D / 16);
+}
+// Reads: K word chunk of key slot j, V chunk of key v_key(t, j), K scale bytes of slot j (2 at
+// d = 128, low byte first), V scale byte of key v_key(t, j).
+template <int D>
+FP4ATTN_HD int ring_k_src(int g, int t, int j) {
+  return RingLayout<D>::kKd + (g + 8 * j) * RingLayout<D>::kPitch + t * (D / 8);
+}
+template <int D>
+FP4ATTN_HD int ring_v_src(int g, int t, int j) {
+  return RingLayout<D>::kVd + v_key(t, j) * RingLayout<D>::kPitch + g * (D / 16);
+}
+template <int D>
+FP4ATTN_HD int ring_ks_src(int g, int t, int j) {
+  return RingLayout<D>::kKs + (g + 8 * j) * (D / 16) + (D == 128 ? 2 * t : t);
+}
+template <int D>
+FP4ATTN_HD int ring_vs_src(int g, int t, int j) {
+  return RingLayout<D>::kVs + v_key(t, j) * (D / 16) + (D == 128 ? g : g / 2);
+}
+
 }  // namespace fp4attn::paged

@@ -71,6 +71,8 @@ struct DecodeParams {
   int32_t page_size, page_shift;  // page_shift: log2(page_size), or -1
   bool pages16;                   // page_size % 16 == 0: a 16-key tile is inside one page
   bool k_scales_u16;  // NVFP4, d = 128: K scale address and strides even (one 16-bit load)
+  bool scales_vec;    // NVFP4: both scale views' addresses and strides multiples of d/16 bytes
+                      // (a token's scale row is one cp.async)
   int32_t num_pages, max_pages;
   int32_t h, group;
   float scale_log2;  // softmax_scale * log2(e)
@@ -248,6 +250,13 @@ __device__ __forceinline__ int32_t tile_page(const DecodeParams& p, int b, int k
   if (!p.pages16 || kt >= kend) return -1;
   return __ldg(p.block_tables + b * p.bt_s0 + page_index(p, kt) * p.bt_s1);
 }
+// The same from the sequence's block-table row (formed once per CTA: the ring's loop had
+// recomputed b * bt_s0 in 64 bits on every tile).
+__device__ __forceinline__ int32_t tile_page_row(const DecodeParams& p, const int32_t* bt_row,
+                                                 int kt, int kend) {
+  if (!p.pages16 || kt >= kend) return -1;
+  return __ldg(bt_row + page_index(p, kt) * p.bt_s1);
+}
 
 // A lane's byte offsets inside a page that do not depend on the token: the kv head and the lane's
 // chunk (K data / K scales / V data / V scales), 32-bit (decode.cu checks that every in-page
@@ -393,6 +402,212 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, int b, int hk, 
       }
     }
   }
+}
+
+// ---- the NVFP4 shared-memory ring (decode.md 7.10) ---------------------------------------------
+// Each warp streams its tiles through kRingStages shared-memory stages with cp.async: kRingStages
+// - 1 tiles in flight while it computes one (the register double buffer held one: NVFP4 read at
+// ~54% of the read ceiling, latency-bound at 16 warps x 2.3 KB per SM), five copies per lane and
+// tile instead of twelve loads, and the raw tile lives in registers only while it is computed.
+// Stage layout: K data, V data [16 keys][pitch] (pitch d/2 + 16 bytes: the V reads of keys 2t,
+// 2t + 2, ... fall on distinct banks), K scales, V scales [16 keys][d/16].
+constexpr int kRingStages = 4;
+template <int D>
+struct Ring : RingLayout<D> {  // the stage layout and maps live in decode_bits.h (CPU-tested)
+  static constexpr int kWarpBytes = kRingStages * RingLayout<D>::kStage;
+};
+
+// cp.async of kBytes, zero-filled (nothing read) when !valid; src must be a valid address anyway.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_zfill(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? kBytes : 0;
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src),
+                 "n"(kBytes), "r"(n)
+                 : "memory");
+  }
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// One lane's share of a tile's copies: K and V data of keys g and g + 8, chunk t (d/8 bytes, the
+// chunk the lane also reads for K); lanes 0-15 the K scale row of key lane, 16-31 the V one.
+// What does not depend on the tile is computed once (RingLane): in-page offsets (32-bit, as
+// load_tile's) and the shared-memory offsets inside a stage.
+struct RingLane {
+  uint32_t kd, vd, sc;  // in-page byte offsets of key g's chunks (data) and key sk's row (scales)
+  uint32_t kd8, vd8;    // the same for key g + 8
+  uint32_t skd, svd, ssc;  // offsets inside a stage
+  const uint8_t* sc_base;  // the lane's scale array (K or V), its page and token strides
+  int64_t sc_s0;
+  int32_t sc_s1;
+};
+
+template <int D>
+__device__ __forceinline__ RingLane ring_lane(const DecodeParams& p, int hk, int lane) {
+  constexpr int kChunk = D / 8;
+  const int g = lane >> 2, t = lane & 3, sk = lane & 15;
+  const DecodeSide& sd = lane >= 16 ? p.v : p.k;
+  RingLane l;
+  const int32_t ks1 = static_cast<int32_t>(p.k.data_s[1]),
+                vs1 = static_cast<int32_t>(p.v.data_s[1]);
+  l.kd = static_cast<uint32_t>(g * ks1 + static_cast<int32_t>(hk * p.k.data_s[2]) + t * kChunk);
+  l.vd = static_cast<uint32_t>(g * vs1 + static_cast<int32_t>(hk * p.v.data_s[2]) + t * kChunk);
+  l.kd8 = l.kd + static_cast<uint32_t>(8 * ks1);
+  l.vd8 = l.vd + static_cast<uint32_t>(8 * vs1);
+  l.sc_s1 = static_cast<int32_t>(sd.scales_s[1]);
+  l.sc = static_cast<uint32_t>(sk * l.sc_s1 + static_cast<int32_t>(hk * sd.scales_s[2]));
+  l.sc_base = sd.scales;
+  l.sc_s0 = sd.scales_s[0];
+  l.skd = ring_data_dst<D>(false, g, t, 0);
+  l.svd = ring_data_dst<D>(true, g, t, 0);
+  l.ssc = ring_scale_dst<D>(lane);
+  return l;
+}
+
+// Keys >= kend and bad pages are zero-filled (bad pages also set *bad), as load_tile's zeros.
+template <int D>
+__device__ __forceinline__ void ring_issue(const DecodeParams& p, int b, int kt, int kend,
+                                           int32_t page, int lane, const RingLane& rl, uint32_t dst,
+                                           bool* bad) {
+  constexpr int kChunk = D / 8, kSc = D / 16;
+  const int g = lane >> 2, sk = lane & 15;
+  // A scale row (kSc bytes): cp.async when the scale views allow kSc-byte copies, else byte loads
+  // and shared stores (rare layouts; synchronous).
+  auto copy_scales = [&](const uint8_t* src, bool valid) {
+    if (p.scales_vec) {
+      cp_async_zfill<kSc>(dst + rl.ssc, valid ? src : p.k.data, valid);
+    } else {
+      // A loop kept as one (not unrolled), so that ptxas branches around it instead of issuing
+      // its 2 x kSc instructions predicated off on every tile.
+#pragma unroll 1
+      for (int i = 0; i < kSc; ++i) {
+        const uint32_t x = valid ? __ldg(src + i) : 0u;
+        asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(dst + rl.ssc + i), "r"(x) : "memory");
+      }
+    }
+  };
+  if (p.pages16) {
+    const bool ok = page >= 0 && page < p.num_pages;
+    if (!ok) *bad = true;  // kt < kend: the tile's first key is real
+    // The tile's row in each array: page * page stride (a 32 x 32 -> 64-bit multiply-add: the
+    // host checks page strides < 2^32) + its first token * token stride.
+    const uint32_t pg = ok ? static_cast<uint32_t>(page) : 0u;
+    const uint32_t tok0 = static_cast<uint32_t>(kt - page_index(p, kt) * p.page_size);
+    const uint8_t* kd = p.k.data + static_cast<uint64_t>(pg) * static_cast<uint32_t>(p.k.data_s[0]);
+    const uint8_t* vd = p.v.data + static_cast<uint64_t>(pg) * static_cast<uint32_t>(p.v.data_s[0]);
+    const uint8_t* sc = rl.sc_base + static_cast<uint64_t>(pg) * static_cast<uint32_t>(rl.sc_s0);
+    // Opaque bases: see load_tile (the 64-bit products stay out of the per-copy addresses).
+    asm volatile("" : "+l"(kd), "+l"(vd), "+l"(sc));
+    const uint32_t tk = tok0 * static_cast<uint32_t>(p.k.data_s[1]);
+    const uint32_t tv = tok0 * static_cast<uint32_t>(p.v.data_s[1]);
+    const uint32_t ts = tok0 * static_cast<uint32_t>(rl.sc_s1);
+    if (ok && kt + kDecodeTile <= kend) {
+      // A full tile: every copy real, nothing tested.
+      cp_async_zfill<kChunk>(dst + rl.skd, kd + (tk + rl.kd), true);
+      cp_async_zfill<kChunk>(
+          dst + rl.skd + (ring_data_dst<D>(false, 0, 0, 1) - ring_data_dst<D>(false, 0, 0, 0)),
+          kd + (tk + rl.kd8), true);
+      cp_async_zfill<kChunk>(dst + rl.svd, vd + (tv + rl.vd), true);
+      cp_async_zfill<kChunk>(
+          dst + rl.svd + (ring_data_dst<D>(true, 0, 0, 1) - ring_data_dst<D>(true, 0, 0, 0)),
+          vd + (tv + rl.vd8), true);
+      copy_scales(sc + (ts + rl.sc), true);
+      return;
+    }
+    const bool v0 = ok && kt + g < kend, v1 = ok && kt + g + 8 < kend;
+    const bool vs = ok && kt + sk < kend;
+    cp_async_zfill<kChunk>(dst + rl.skd, v0 ? kd + (tk + rl.kd) : p.k.data, v0);
+    cp_async_zfill<kChunk>(
+        dst + rl.skd + (ring_data_dst<D>(false, 0, 0, 1) - ring_data_dst<D>(false, 0, 0, 0)),
+        v1 ? kd + (tk + rl.kd8) : p.k.data, v1);
+    cp_async_zfill<kChunk>(dst + rl.svd, v0 ? vd + (tv + rl.vd) : p.k.data, v0);
+    cp_async_zfill<kChunk>(
+        dst + rl.svd + (ring_data_dst<D>(true, 0, 0, 1) - ring_data_dst<D>(true, 0, 0, 0)),
+        v1 ? vd + (tv + rl.vd8) : p.k.data, v1);
+    copy_scales(vs ? sc + (ts + rl.sc) : p.k.data, vs);
+    return;
+  }
+  // Page size not a multiple of 16: every key looks its page up (the lane-constant offsets of
+  // RingLane are those of token 0 of a page plus the key's row; here the token comes from l.tok).
+  const int32_t ks1 = static_cast<int32_t>(p.k.data_s[1]),
+                vs1 = static_cast<int32_t>(p.v.data_s[1]);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int kk = g + 8 * j;
+    bool valid = kt + kk < kend;
+    const uint8_t* kd = p.k.data;
+    const uint8_t* vd = p.k.data;
+    if (valid) {
+      const KeyLoc l = locate_key(p, b, kt + kk);
+      if (l.ok) {
+        const PageBases pb = page_bases(p, l.page);
+        // rl.kd holds g * stride: take it out, add the key's own token.
+        kd = pb.kd + (static_cast<uint32_t>((l.tok - g) * ks1) + rl.kd);
+        vd = pb.vd + (static_cast<uint32_t>((l.tok - g) * vs1) + rl.vd);
+      } else {
+        *bad = true;
+        valid = false;
+      }
+    }
+    cp_async_zfill<kChunk>(dst + ring_data_dst<D>(false, g, lane & 3, j), kd, valid);
+    cp_async_zfill<kChunk>(dst + ring_data_dst<D>(true, g, lane & 3, j), vd, valid);
+  }
+  bool valid = kt + sk < kend;
+  const uint8_t* sc = p.k.data;
+  if (valid) {
+    const KeyLoc l = locate_key(p, b, kt + sk);
+    if (l.ok) {
+      sc =
+          rl.sc_base + l.page * rl.sc_s0 + (static_cast<uint32_t>((l.tok - sk) * rl.sc_s1) + rl.sc);
+    } else {
+      *bad = true;
+      valid = false;
+    }
+  }
+  copy_scales(sc, valid);
+}
+
+template <int N>
+__device__ __forceinline__ void lds_words(uint32_t (&w)[N], const uint8_t* src) {
+  if constexpr (N == 4) {
+    const uint4 x = *reinterpret_cast<const uint4*>(src);
+    w[0] = x.x;
+    w[1] = x.y;
+    w[2] = x.z;
+    w[3] = x.w;
+  } else if constexpr (N == 2) {
+    const uint2 x = *reinterpret_cast<const uint2*>(src);
+    w[0] = x.x;
+    w[1] = x.y;
+  } else {
+    static_assert(N == 1);
+    w[0] = *reinterpret_cast<const uint32_t*>(src);
+  }
+}
+
+// The lane's raw tile from a stage: the bytes the register path loads from global memory.
+template <int D>
+__device__ __forceinline__ void ring_read(const uint8_t* st, int g, int t, RawTile<D, true>& r) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) lds_words(r.k[j], st + ring_k_src<D>(g, t, j));
+#pragma unroll
+  for (int j = 0; j < 4; ++j) lds_words(r.v[j], st + ring_v_src<D>(g, t, j));
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    r.ks[j] = D == 128 ? uint32_t(*reinterpret_cast<const uint16_t*>(st + ring_ks_src<D>(g, t, j)))
+                       : uint32_t(st[ring_ks_src<D>(g, t, j)]);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) r.vs[j] = st[ring_vs_src<D>(g, t, j)];
 }
 
 // ---- one tile: S = Q K^T, online softmax, O += P V -------------------------------------------
@@ -668,10 +883,14 @@ __device__ __forceinline__ void compute_tile_t(const RawTile<D, kFp4>& r,
 // the accumulators and the loads of the merge are (nearly) free of bank conflicts.
 template <int D>
 constexpr int kORowStride = D + 8;
-template <int D, bool kT = false>
+// NVFP4 kernels also hold the warps' rings (before the merge, in the same space).
+template <int D, bool kT = false, bool kFp4 = false>
 constexpr size_t decode_smem_bytes() {
   constexpr int kRows = kBlockRows<kT>;
-  return sizeof(float) * (kDecodeWarps * kRows * kORowStride<D> + 2 * kDecodeWarps * kRows);
+  constexpr size_t merge =
+      sizeof(float) * (kDecodeWarps * kRows * kORowStride<D> + 2 * kDecodeWarps * kRows);
+  constexpr size_t ring = kFp4 ? size_t{kDecodeWarps} * Ring<D>::kWarpBytes : 0;
+  return merge > ring ? merge : ring;
 }
 
 // kT: the transposed form (7.8), for row blocks of <= 8 rows; the host picks it when every
@@ -775,38 +994,85 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4, kT>)
     st.l[0] = st.l[1] = 0.f;
     bool bad = bad_len;
 
-    // Register double buffering: the next tile's loads are issued before this tile's math.
     constexpr int kStride = kDecodeTile * kDecodeWarps;
-    // The page ids run one tile further ahead (tile_page).
-    int kt = kbeg + kDecodeTile * warp;
-    RawTile<D, kFp4> ra, rbuf;
-    if (kt < kend)
-      load_tile<D, kFp4>(p, b, hk, kt, kend, tile_page(p, b, kt, kend), g, t, ra, &bad);
-    int32_t page_next = tile_page(p, b, kt + kStride, kend);
-    while (kt < kend) {
-      int32_t page_after = tile_page(p, b, kt + 2 * kStride, kend);
-      if (kt + kStride < kend) {
-        load_tile<D, kFp4>(p, b, hk, kt + kStride, kend, page_next, g, t, rbuf, &bad);
+    if constexpr (kFp4) {
+      // NVFP4: the warp's shared-memory ring, kRingStages - 1 tiles in flight (7.10).
+      using R = Ring<D>;
+      uint8_t* ring = reinterpret_cast<uint8_t*>(smem_f4) + warp * R::kWarpBytes;
+      const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+      const RingLane rl = ring_lane<D>(p, hk, lane);
+      const int32_t* bt_row = p.block_tables + b * p.bt_s0;
+      int kt_in = kbeg + kDecodeTile * warp;  // the next tile to issue
+      int32_t pg[kRingStages];                // page ids of the first stages, loaded together
+#pragma unroll
+      for (int i = 0; i < kRingStages; ++i)
+        pg[i] = tile_page_row(p, bt_row, kt_in + i * kStride, kend);
+#pragma unroll
+      for (int i = 0; i < kRingStages - 1; ++i) {
+        if (kt_in < kend) {
+          ring_issue<D>(p, b, kt_in, kend, pg[i], lane, rl, ring_s + i * R::kStage, &bad);
+        }
+        cp_async_commit();  // (an empty group for a missing tile keeps the wait count right)
+        kt_in += kStride;
       }
-      page_next = page_after;
-      if constexpr (kT) {
-        compute_tile_t<D, kFp4>(ra, qa, kt, vis, sl2, g, st);
-      } else {
-        compute_tile<D, kFp4>(ra, qa, kt, vis, sl2, t, st);
+      int32_t page_next = pg[kRingStages - 1];  // the page ids run one tile ahead of the copies
+      // Byte offsets of the stage to read and of the stage to refill (the one read in the
+      // previous iteration; the __syncwarp at the end of an iteration ordered those reads).
+      uint32_t rd = 0, in = (kRingStages - 1) * R::kStage;
+      for (int kt = kbeg + kDecodeTile * warp; kt < kend; kt += kStride) {
+        const int32_t page_after = tile_page_row(p, bt_row, kt_in + kStride, kend);
+        if (kt_in < kend) ring_issue<D>(p, b, kt_in, kend, page_next, lane, rl, ring_s + in, &bad);
+        cp_async_commit();
+        page_next = page_after;
+        kt_in += kStride;
+        cp_async_wait<kRingStages - 1>();  // this lane's copies of tile kt have landed
+        __syncwarp();                      // and every lane's are visible
+        RawTile<D, kFp4> r;
+        ring_read<D>(ring + rd, g, t, r);
+        if constexpr (kT) {
+          compute_tile_t<D, kFp4>(r, qa, kt, vis, sl2, g, st);
+        } else {
+          compute_tile<D, kFp4>(r, qa, kt, vis, sl2, t, st);
+        }
+        __syncwarp();
+        in = rd;
+        rd = rd == (kRingStages - 1) * R::kStage ? 0 : rd + R::kStage;
       }
-      kt += kStride;
-      if (kt >= kend) break;
-      page_after = tile_page(p, b, kt + 2 * kStride, kend);
-      if (kt + kStride < kend) {
-        load_tile<D, kFp4>(p, b, hk, kt + kStride, kend, page_next, g, t, ra, &bad);
+      cp_async_wait<0>();
+      __syncthreads();  // the merge below reuses the rings' shared memory
+    } else {
+      // Register double buffering: the next tile's loads are issued before this tile's math.
+      // The page ids run one tile further ahead (tile_page).
+      int kt = kbeg + kDecodeTile * warp;
+      RawTile<D, kFp4> ra, rbuf;
+      if (kt < kend)
+        load_tile<D, kFp4>(p, b, hk, kt, kend, tile_page(p, b, kt, kend), g, t, ra, &bad);
+      int32_t page_next = tile_page(p, b, kt + kStride, kend);
+      while (kt < kend) {
+        int32_t page_after = tile_page(p, b, kt + 2 * kStride, kend);
+        if (kt + kStride < kend) {
+          load_tile<D, kFp4>(p, b, hk, kt + kStride, kend, page_next, g, t, rbuf, &bad);
+        }
+        page_next = page_after;
+        if constexpr (kT) {
+          compute_tile_t<D, kFp4>(ra, qa, kt, vis, sl2, g, st);
+        } else {
+          compute_tile<D, kFp4>(ra, qa, kt, vis, sl2, t, st);
+        }
+        kt += kStride;
+        if (kt >= kend) break;
+        page_after = tile_page(p, b, kt + 2 * kStride, kend);
+        if (kt + kStride < kend) {
+          load_tile<D, kFp4>(p, b, hk, kt + kStride, kend, page_next, g, t, ra, &bad);
+        }
+        page_next = page_after;
+        if constexpr (kT) {
+          compute_tile_t<D, kFp4>(rbuf, qa, kt, vis, sl2, g, st);
+        } else {
+          compute_tile<D, kFp4>(rbuf, qa, kt, vis, sl2, t, st);
+        }
+        kt += kStride;
       }
-      page_next = page_after;
-      if constexpr (kT) {
-        compute_tile_t<D, kFp4>(rbuf, qa, kt, vis, sl2, g, st);
-      } else {
-        compute_tile<D, kFp4>(rbuf, qa, kt, vis, sl2, t, st);
-      }
-      kt += kStride;
     }
 
     // Warp results to shared memory: O in true channel order, m and the quad's l per row.
@@ -932,40 +1198,62 @@ struct CombineParams {
   int64_t l_sb, l_si, l_sh;
 };
 
-// One warp per (row, head): the float64 combine's math in FP32.
-__global__ void __launch_bounds__(128) combine_partials_kernel(const CombineParams p) {
-  const int64_t item = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
-  if (item >= p.total_q * p.h) return;
-  const int lane = threadIdx.x % 32;
-  const int64_t r = item / p.h;
-  const int hq = static_cast<int>(item % p.h);
-  float m = -INFINITY;
-  for (int s = 0; s < p.splits; ++s) {
-    const float x = p.lse_part[s * p.lp_s[0] + r * p.lp_s[1] + hq * p.lp_s[2]];
-    if (!(x <= m)) m = x;  // takes a NaN
-  }
-  const int64_t bi = p.s_q > 0 ? r / p.s_q : r, i = p.s_q > 0 ? r % p.s_q : 0;
-  uint16_t* out = p.o + bi * p.o_sb + i * p.o_si + hq * p.o_sh;
-  if (m == -INFINITY) {
-    for (int c = lane; c < p.d; c += 32) out[c] = 0;
-    if (lane == 0 && p.lse != nullptr) p.lse[bi * p.l_sb + i * p.l_si + hq * p.l_sh] = INFINITY;
-    return;
-  }
-  float sum = 0.f;
-  for (int s = 0; s < p.splits; ++s) {
-    sum += expf(p.lse_part[s * p.lp_s[0] + r * p.lp_s[1] + hq * p.lp_s[2]] - m);
-  }
-  for (int c = lane; c < p.d; c += 32) {
-    float acc = 0.f;
+// One CTA per (row, head) item (grid-stride), the float64 combine's math in FP32 with its order
+// of operations, so that its bits do not depend on how the work is spread: the max by the
+// golden's sequential rule, the sum in split order, each channel's sum of w_s O_s in split order.
+// The old form (one warp per item, each lane looping over every split for each of its channels)
+// ran ~splits x d/32 dependent L2 round trips with only total_q x h warps in flight: at b = 1 and
+// 64 splits, 32 warps on 8 SMs for tens of microseconds (decode.md 7.10). Here the LSEs come in
+// one parallel load, the weights are computed once per split into shared memory, and each thread
+// owns one channel, its split loads independent of each other (unrolled).
+constexpr int kCombineThreads = 128;
+constexpr int kCombineSmemSplits = 1024;  // weights kept in shared memory; beyond, recomputed
+
+__global__ void __launch_bounds__(kCombineThreads) combine_partials_kernel(const CombineParams p) {
+  __shared__ float s_w[kCombineSmemSplits];
+  const int64_t items = p.total_q * p.h;
+  const int nsm = min(p.splits, kCombineSmemSplits);
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t r = item / p.h;
+    const int hq = static_cast<int>(item % p.h);
+    const float* lse_row = p.lse_part + r * p.lp_s[1] + hq * p.lp_s[2];
+    const float* o_row = p.o_part + r * p.op_s[1] + hq * p.op_s[2];
+    __syncthreads();  // s_w of the previous item is consumed
+    for (int s = threadIdx.x; s < nsm; s += kCombineThreads) s_w[s] = lse_row[s * p.lp_s[0]];
+    __syncthreads();
+    auto lse_at = [&](int s) { return s < nsm ? s_w[s] : lse_row[s * p.lp_s[0]]; };
+    // Every thread folds the max itself, in split order (shared-memory broadcasts): the golden's
+    // rule takes a NaN and restarts after it, an order-dependent fold.
+    float m = -INFINITY;
     for (int s = 0; s < p.splits; ++s) {
-      const float w = expf(p.lse_part[s * p.lp_s[0] + r * p.lp_s[1] + hq * p.lp_s[2]] - m);
-      acc += w * p.o_part[s * p.op_s[0] + r * p.op_s[1] + hq * p.op_s[2] + c];
+      const float x = lse_at(s);
+      if (!(x <= m)) m = x;  // takes a NaN
     }
-    const __nv_bfloat16 h = __float2bfloat16_rn(acc / sum);
-    out[c] = *reinterpret_cast<const uint16_t*>(&h);
-  }
-  if (lane == 0 && p.lse != nullptr) {
-    p.lse[bi * p.l_sb + i * p.l_si + hq * p.l_sh] = m + logf(sum);
+    const int64_t bi = p.s_q > 0 ? r / p.s_q : r, i = p.s_q > 0 ? r % p.s_q : 0;
+    uint16_t* out = p.o + bi * p.o_sb + i * p.o_si + hq * p.o_sh;
+    if (m == -INFINITY) {  // uniform over the CTA
+      for (int c = threadIdx.x; c < p.d; c += kCombineThreads) out[c] = 0;
+      if (threadIdx.x == 0 && p.lse != nullptr) {
+        p.lse[bi * p.l_sb + i * p.l_si + hq * p.l_sh] = INFINITY;
+      }
+      continue;
+    }
+    __syncthreads();  // every thread has read the LSEs
+    for (int s = threadIdx.x; s < nsm; s += kCombineThreads) s_w[s] = expf(s_w[s] - m);
+    __syncthreads();
+    auto w_at = [&](int s) { return s < nsm ? s_w[s] : expf(lse_row[s * p.lp_s[0]] - m); };
+    float sum = 0.f;
+    for (int s = 0; s < p.splits; ++s) sum += w_at(s);
+    for (int c = threadIdx.x; c < p.d; c += kCombineThreads) {
+      float acc = 0.f;
+#pragma unroll 16
+      for (int s = 0; s < p.splits; ++s) acc += w_at(s) * o_row[s * p.op_s[0] + c];
+      const __nv_bfloat16 h = __float2bfloat16_rn(acc / sum);
+      out[c] = *reinterpret_cast<const uint16_t*>(&h);
+    }
+    if (threadIdx.x == 0 && p.lse != nullptr) {
+      p.lse[bi * p.l_sb + i * p.l_si + hq * p.l_sh] = m + logf(sum);
+    }
   }
 }
 
