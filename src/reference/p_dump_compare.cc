@@ -61,10 +61,10 @@ std::vector<double> kernel_block_params(Recipe recipe, double vmax, double golde
     for (int c = std::max(1, c0 - 2); c <= std::min(0x7E, c0 + 2); ++c) {
       const double s = e4m3_to_float(static_cast<uint8_t>(c));
       uint8_t at_golden = 0;
-      if (round_to_e4m3(6 * s / 8) == vmax && e4m3_code_of(std::ldexp(s, shift), &at_golden) &&
-          std::abs(int(at_golden) - golden_code) == 1) {
-        r.push_back(s);
+      if (round_to_e4m3(6 * s / 8) != vmax || !e4m3_code_of(std::ldexp(s, shift), &at_golden)) {
+        continue;
       }
+      if (std::abs(int(at_golden) - golden_code) == 1) r.push_back(s);
     }
   }
   return r;
@@ -126,6 +126,8 @@ void PDumpStats::add(const PDumpStats& s) {
   equal += s.equal;
   one_code += s.one_code;
   param_flip += s.param_flip;
+  flipped_blocks += s.flipped_blocks;
+  other_in_flipped += s.other_in_flipped;
   underflow_edge += s.underflow_edge;
   other += s.other;
   rescaled += s.rescaled;
@@ -147,12 +149,13 @@ std::string PDumpStats::summary() const {
                 "equal=%.4f%% one_code=%.4f%% param_flip=%.4f%% underflow_edge=%.4f%% other=%lld "
                 "of %lld visible keys | rescaled keys=%.2f%% blocks=%lld | masked=%lld "
                 "nonzero=%lld | unwritten=%lld stray=%lld bad_m=%lld | rows=%lld "
-                "final_m_differs=%lld",
+                "final_m_differs=%lld | flipped blocks=%lld (other in them=%lld)",
                 100 * equal / n, 100 * one_code / n, 100 * param_flip / n, 100 * underflow_edge / n,
                 (long long)other, (long long)compared(), 100 * rescaled / n,
                 (long long)rescaled_blocks, (long long)masked, (long long)masked_nonzero,
                 (long long)unwritten, (long long)stray, (long long)bad_m, (long long)rows,
-                (long long)rows_final_m_differs);
+                (long long)rows_final_m_differs, (long long)flipped_blocks,
+                (long long)other_in_flipped);
   return buf;
 }
 
@@ -243,6 +246,13 @@ void compare_p_row(const uint8_t* p, const float* m, int64_t block_keys, int64_t
         for (double kp : kernel_block_params(opt.recipe, vmax, param[k], shift)) {
           kernel_grids.push_back(p_block_grid(opt.recipe, kp, shift));
         }
+        // A flip only if the block holds a kernel value off the golden's grid.
+        bool off_grid = false;
+        for (int64_t i = k; i < k1; ++i) {
+          off_grid |= index_in(golden_grid, std::ldexp(double(e4m3_to_float(p[i])), shift)) < 0;
+        }
+        if (!off_grid) kernel_grids.clear();
+        st->flipped_blocks += !kernel_grids.empty();
       }
       const double gpu = std::ldexp(double(e4m3_to_float(byte)), shift);
       const double golden = gp.p[k];
@@ -262,6 +272,7 @@ void compare_p_row(const uint8_t* p, const float* m, int64_t block_keys, int64_t
           break;
         case PMatch::kOther:
           ++st->other;
+          st->other_in_flipped += !kernel_grids.empty();
           note("key " + std::to_string(k) + ": kernel " + std::to_string(gpu) + " (byte " +
                std::to_string(byte) + ", shift " + std::to_string(shift) + ") vs golden " +
                std::to_string(golden));

@@ -36,6 +36,10 @@ struct PDumpStats {
   int64_t stray = 0;      // positions past the written blocks that are not poison
   int64_t bad_m = 0;      // running m not an integer, decreasing, or -inf with visible keys
   int64_t rows = 0, rows_final_m_differs = 0;  // rows with keys; kernel's last m != golden's m
+  // fp4-direct / nvfp4-all blocks whose parameter the kernel chose one step from the golden's
+  // (its block maximum sits on a rounding edge of the exponent or scale), and "other" keys in
+  // them: under the other parameter the affine surrogate's code can move by more than one.
+  int64_t flipped_blocks = 0, other_in_flipped = 0;
   std::string first_other;  // where the first "other" (or bad position) was, and its values
 
   int64_t compared() const { return equal + one_code + param_flip + underflow_edge + other; }
