@@ -12,6 +12,7 @@
 #include "common/parallel.h"
 #include "fp4attn/formats.h"
 #include "fp4attn/golden.h"
+#include "reference/golden_operand_scores.h"
 #include "reference/golden_softmax.h"
 
 namespace fp4attn {
@@ -77,33 +78,23 @@ Status validate(const ForwardOperands& in, const RecipeOptions& opt, const Tenso
   return Status::Ok();
 }
 
-// The exact value of one stored operand code.
-double code_value(const TensorView& t, int64_t i) {
-  if (t.dtype == DType::kBF16) return bf16_bits_to_float(t.as<const uint16_t>()[i]);
-  return e4m3_to_float(t.as<const uint8_t>()[i]);
-}
-
 // One (batch, head): the loop of golden_attention_forward, with the operands read back from the
 // kernel layouts. Same operation order, so the same doubles come out.
 void run_head(const ForwardOperands& in, const RecipeOptions& opt, const Dims& x, double scale,
               const TensorView& o, const TensorView& lse, int64_t bi, int64_t hi) {
   const int64_t hk = hi / (x.h / x.h_kv), d = x.d;
-  const int64_t q_head = bi * x.h + hi, kv_head = bi * x.h_kv + hk;
-  std::vector<double> q(x.s_q * d), k(x.s_k * d), v(x.s_k * d);
-  for (int64_t i = 0; i < x.s_q * d; ++i) q[i] = code_value(in.q_data, q_head * x.s_q * d + i);
-  for (int64_t i = 0; i < x.s_k * d; ++i) k[i] = code_value(in.k_data, kv_head * x.s_k * d + i);
+  const int64_t kv_head = bi * x.h_kv + hk;
+  const golden::OperandScores scores(in, bi, hi, scale * std::numbers::log2e);
+  std::vector<double> v(x.s_k * d);
   const int64_t pitch = operand_v_pitch(x.s_k);
   for (int64_t c = 0; c < d; ++c) {  // V^T rows back to [token, channel] in natural key order
     const int64_t row = (kv_head * d + c) * pitch;
     for (int64_t t = 0; t < x.s_k; ++t) {
-      v[t * d + c] = code_value(in.v_data, row + operand_v_position_of(t));
+      v[t * d + c] = golden::operand_code_value(in.v_data, row + operand_v_position_of(t));
     }
   }
-  const float* qf = in.q_scale.as<const float>() + q_head * operand_scale_tiles(x.s_q);
-  const float* kf = in.k_scale.as<const float>() + kv_head * operand_scale_tiles(x.s_k);
   const float* vf = in.v_scale.as<const float>() + kv_head * d;
 
-  const double zscale = scale * std::numbers::log2e;
   std::vector<double> z(x.s_k), acc(d);
   for (int64_t i = 0; i < x.s_q; ++i) {
     int64_t n = x.s_k;
@@ -111,14 +102,7 @@ void run_head(const ForwardOperands& in, const RecipeOptions& opt, const Dims& x
     double row_lse = std::numeric_limits<double>::infinity();  // a row without keys
     std::fill(acc.begin(), acc.end(), 0.0);
     if (n > 0) {
-      const double* qi = &q[i * d];
-      const double q_factor = qf[i / kOperandTileTokens];
-      for (int64_t j = 0; j < n; ++j) {
-        const double* kj = &k[j * d];
-        double s = 0;
-        for (int64_t c = 0; c < d; ++c) s += qi[c] * kj[c];
-        z[j] = s * q_factor * double(kf[j / kOperandTileTokens]) * zscale;
-      }
+      scores.row(i, n, &z);
       const golden::RowP p = golden::make_row_p(z, n, opt);
       for (int64_t j = 0; j < n; ++j) {
         const double pj = p.p[j];

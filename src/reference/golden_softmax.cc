@@ -77,7 +77,7 @@ RowP fast_p(const std::vector<double>& z, int64_t n) {
   return r;
 }
 
-RowP nvfp4_all_p(const std::vector<double>& z, int64_t n, Emulation emu) {
+RowP nvfp4_all_p(const std::vector<double>& z, int64_t n, Emulation emu, double* param) {
   RowP r;
   const double m = integer_row_max(z, n);
   const bool fold = emu == Emulation::kFoldedE4M3;
@@ -95,6 +95,7 @@ RowP nvfp4_all_p(const std::vector<double>& z, int64_t n, Emulation emu) {
         nvfp4_quantize_block(pf, len, kNvfp4AllPScale, Nvfp4ScaleRule::kNearest, codes);
     const double scale = e4m3_to_float(sc);
     for (int i = 0; i < len; ++i) {
+      if (param != nullptr) param[j0 + i] = scale;
       const double prod = e2m1_to_float(codes[i]) * scale;
       r.p[j0 + i] = fold ? round_to_e4m3(prod / 8) : prod;
     }
@@ -104,7 +105,7 @@ RowP nvfp4_all_p(const std::vector<double>& z, int64_t n, Emulation emu) {
   return r;
 }
 
-RowP direct_p(const std::vector<double>& z, int64_t n, Emulation emu) {
+RowP direct_p(const std::vector<double>& z, int64_t n, Emulation emu, double* param) {
   RowP r;
   const double m = integer_row_max(z, n);
   const bool fold = emu == Emulation::kFoldedE4M3;
@@ -124,6 +125,7 @@ RowP direct_p(const std::vector<double>& z, int64_t n, Emulation emu) {
     const bool zero_block = e + 127 <= 0;
     double c = 0;  // sum of the block's E2M1 values
     for (int64_t j = j0; j < j1; ++j) {
+      if (param != nullptr) param[j] = zero_block ? -1000 : e;
       double q = 0;
       if (!zero_block) {
         const float x = static_cast<float>((z[j] - m) - e + kLog2Six);
@@ -146,7 +148,13 @@ double integer_row_max(const std::vector<double>& z, int64_t n) {
   return std::ceil(nan_ignoring_max(z, 0, n));
 }
 
-RowP make_row_p(const std::vector<double>& z, int64_t n, const RecipeOptions& opt) {
+RowP make_row_p(const std::vector<double>& z, int64_t n, const RecipeOptions& opt,
+                std::vector<double>* block_param) {
+  double* param = nullptr;
+  if (block_param != nullptr) {
+    block_param->assign(n, 0.0);
+    param = block_param->data();
+  }
   RowP r;
   switch (opt.recipe) {
     case Recipe::kBf16:
@@ -156,10 +164,10 @@ RowP make_row_p(const std::vector<double>& z, int64_t n, const RecipeOptions& op
       r = fast_p(z, n);
       break;
     case Recipe::kNvfp4All:
-      r = nvfp4_all_p(z, n, opt.emulation);
+      r = nvfp4_all_p(z, n, opt.emulation, param);
       break;
     case Recipe::kFp4Direct:
-      r = direct_p(z, n, opt.emulation);
+      r = direct_p(z, n, opt.emulation, param);
       break;
     default:
       r = fp8_exp2_p(z, n);

@@ -19,7 +19,11 @@ struct RowP {
 
 // z: log2-domain scores z_j = scale * log2(e) * q.k_j of the n visible keys (n >= 1), keys
 // 0..n-1 in natural order (blocks of P are aligned to key 0).
-RowP make_row_p(const std::vector<double>& z, int64_t n, const RecipeOptions& opt);
+// block_param (optional): each visible key's quantization-block parameter, for comparisons with
+// kernel P dumps (p_dump_compare.h): fp4-direct its 32-key block exponent e (-1000 for a zero
+// block), nvfp4-all its 16-key block's E4M3 scale value, 0 for the other recipes.
+RowP make_row_p(const std::vector<double>& z, int64_t n, const RecipeOptions& opt,
+                std::vector<double>* block_param = nullptr);
 
 // The integer log2 row reference: ceil of the largest score, NaN ignored (as fmaxf does).
 double integer_row_max(const std::vector<double>& z, int64_t n);

@@ -181,9 +181,16 @@ __device__ __forceinline__ void issue_pv(float (&o)[ON], const uint32_t (&pa)[PS
   wgmma_commit();
 }
 
-template <int D, int PM, int N>
+// The production kernels record nothing; the P-dump test build (fwd_dump_p.cu) passes a Dump
+// that writes each block's P operand bytes and running reference to global memory.
+struct NoPDump {
+  static constexpr bool kOn = false;
+};
+
+template <int D, int PM, int N, class Dump>
 __device__ void consume_tile(const FwdParams& p, FwdSmem<D, PM, N>& sm, int cw, int batch, int head,
-                             int kv_head, int m_tile, int n_blocks, const Ring& ring, int q_uses) {
+                             int kv_head, int m_tile, int n_blocks, const Ring& ring, int q_uses,
+                             const Dump& dump) {
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32, lane = tid % 32;
   const int t = lane % 4;
@@ -259,6 +266,7 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D, PM, N>& sm, int cw, 
     fence_regs(s);
     p_values<PM, kOnes>(s, st, c, edge_block(0), 0, t, rows, mask, alpha);
     pack<PM>(s, pa);
+    if constexpr (Dump::kOn) dump.template block<N>(p, bh, rows, t, 0, pa, st.m);
 
     for (int j = 1; j < n_blocks; ++j) {
       const int stage = ring.stage(j);
@@ -290,6 +298,7 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D, PM, N>& sm, int cw, 
         ones_l[1] *= alpha[1];
       }
       pack<PM>(s, pa);
+      if constexpr (Dump::kOn) dump.template block<N>(p, bh, rows, t, j, pa, st.m);
     }
 
     // Every S GEMM of the tile is done: the producer may load the next tile's Q.
@@ -389,15 +398,15 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D, PM, N>& sm, int cw, 
   }
 }
 
-template <int D, int PM, int N>
-__device__ void consume(const FwdParams& p, FwdSmem<D, PM, N>& sm, int cw) {
+template <int D, int PM, int N, class Dump>
+__device__ void consume(const FwdParams& p, FwdSmem<D, PM, N>& sm, int cw, const Dump& dump) {
   Ring ring;
   int q_uses = 0;
   for (int t = blockIdx.x; t < num_tiles(p); t += gridDim.x) {
     const Tile tile = tile_at(p, t);
     const int n_blocks = key_blocks<N>(p, tile.m_tile * kBlockM);
     consume_tile<D, PM, N>(p, sm, cw, tile.batch, tile.head, tile.head / (p.h / p.h_kv),
-                           tile.m_tile, n_blocks, ring, q_uses);
+                           tile.m_tile, n_blocks, ring, q_uses, dump);
     ring.it += n_blocks;
     q_uses += n_blocks > 0;
   }
@@ -405,9 +414,9 @@ __device__ void consume(const FwdParams& p, FwdSmem<D, PM, N>& sm, int cw) {
   if (p.o_tma && threadIdx.x % 128 == 0) bulk_wait_read();
 }
 
-// Persistent: gridDim.x CTAs (at most one per SM) walk the tiles of tile_at().
-template <int D, int PM, int N>
-__global__ void __launch_bounds__(kThreads, 1) fwd_fp8_kernel(const __grid_constant__ FwdParams p) {
+// The kernel body, shared by the production kernel and the P-dump kernel of the tests.
+template <int D, int PM, int N, class Dump>
+__device__ __forceinline__ void fwd_body(const FwdParams& p, const Dump& dump) {
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<FwdSmem<D, PM, N>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                                    ~uintptr_t(1023));
@@ -437,8 +446,14 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_fp8_kernel(const __grid_const
     if (threadIdx.x == 0) produce<D, PM, N>(p, sm);
   } else {
     setmaxnreg_inc<240>();
-    consume<D, PM, N>(p, sm, wg - 1);
+    consume<D, PM, N>(p, sm, wg - 1, dump);
   }
+}
+
+// Persistent: gridDim.x CTAs (at most one per SM) walk the tiles of tile_at().
+template <int D, int PM, int N>
+__global__ void __launch_bounds__(kThreads, 1) fwd_fp8_kernel(const __grid_constant__ FwdParams p) {
+  fwd_body<D, PM, N>(p, NoPDump{});
 }
 
 }  // namespace fp4attn::sm90

@@ -11,6 +11,7 @@
 
 #include "api/validate_forward.h"
 #include "cuda/attention/fwd_kernel.cuh"
+#include "cuda/attention/fwd_setup.h"
 #include "cuda/attention/operand_scratch.h"
 #include "fp4attn/attention_cuda.h"
 #include "fp4attn/operands_cuda.h"
@@ -91,9 +92,24 @@ template <int D, int PM, int N>
 Status launch(const FwdParams& p, cudaStream_t stream) {
   auto kernel = sm90::fwd_fp8_kernel<D, PM, N>;
   constexpr int smem = sm90::fwd_smem_bytes<D, PM, N>();
-  FP4ATTN_RETURN_IF_ERROR(
-      cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                  "fwd kernel shared memory"));
+  FP4ATTN_RETURN_IF_ERROR(sm90::set_forward_smem(reinterpret_cast<const void*>(kernel), smem));
+  dim3 grid;
+  FP4ATTN_RETURN_IF_ERROR(sm90::forward_grid(p, &grid));
+  kernel<<<grid, sm90::kThreads, smem, stream>>>(p);
+  return cuda_status(cudaGetLastError(), "fwd kernel launch");
+}
+
+}  // namespace
+
+namespace sm90 {
+
+Status set_forward_smem(const void* kernel, int bytes) {
+  return cuda_status(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+      "fwd kernel shared memory");
+}
+
+Status forward_grid(const FwdParams& p, dim3* grid) {
   // Persistent: one CTA per SM at most (the kernel walks the tiles).
   int dev = 0, sms = 0;
   FP4ATTN_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&dev), "device"));
@@ -104,12 +120,55 @@ Status launch(const FwdParams& p, cudaStream_t stream) {
 #define FP4ATTN_FWD_PERSISTENT 1
 #endif
   // FP4ATTN_FWD_PERSISTENT=0 launches one CTA per tile (for measurements).
-  const dim3 grid(unsigned(FP4ATTN_FWD_PERSISTENT ? std::min<int64_t>(tiles, sms) : tiles));
-  kernel<<<grid, sm90::kThreads, smem, stream>>>(p);
-  return cuda_status(cudaGetLastError(), "fwd kernel launch");
+  *grid = dim3(unsigned(FP4ATTN_FWD_PERSISTENT ? std::min<int64_t>(tiles, sms) : tiles));
+  return Status::Ok();
 }
 
-}  // namespace
+Status make_forward_params(const ForwardOperands& in, const ForwardOptions& opt,
+                           const ForwardShape& sh, const TensorView& o, const TensorView& lse,
+                           int n, FwdParams* out) {
+  FwdParams p{};
+  const int d = int(sh.d);
+  // s_k = 0 gives rows without keys: the kernel then loads nothing, but the
+  // maps must still be valid descriptors, so they get extent 1 over q_data.
+  const bool no_keys = sh.s_k == 0;
+  const int64_t s_k1 = no_keys ? 1 : sh.s_k;
+  const void* k_base = no_keys ? in.q_data.data : in.k_data.data;
+  const void* v_base = no_keys ? in.q_data.data : in.v_data.data;
+  const int64_t v_pitch = no_keys ? 16 : operand_v_pitch(sh.s_k);
+  FP4ATTN_RETURN_IF_ERROR(
+      make_map(&p.tm_q, in.q_data.data, d, sh.s_q, sh.b * sh.h, d, kBlockM, "q_data"));
+  FP4ATTN_RETURN_IF_ERROR(
+      make_map(&p.tm_k, k_base, d, s_k1, no_keys ? 1 : sh.b * sh.h_kv, d, n, "k_data"));
+  FP4ATTN_RETURN_IF_ERROR(make_map(&p.tm_v, v_base, v_pitch, no_keys ? 1 : d,
+                                   no_keys ? 1 : sh.b * sh.h_kv, kScaleTile, d, "v_data"));
+  p.q_scale = in.q_scale.as<float>();
+  p.k_scale = in.k_scale.as<float>();
+  p.v_scale = in.v_scale.as<float>();
+  p.o = o.data;
+  p.o_tma = make_out_map(&p.tm_o, o) ? 1 : 0;
+  p.o_stride_b = o.stride[0];
+  p.o_stride_s = o.stride[1];
+  p.o_stride_h = o.stride[2];
+  p.lse = lse.defined() ? lse.as<float>() : nullptr;
+  p.lse_stride_b = lse.defined() ? lse.stride[0] : 0;
+  p.lse_stride_h = lse.defined() ? lse.stride[1] : 0;
+  p.b = int(sh.b);
+  p.h = int(sh.h);
+  p.h_kv = int(sh.h_kv);
+  p.s_q = int(sh.s_q);
+  p.s_k = int(sh.s_k);
+  p.m_tiles = int(operand_scale_tiles(sh.s_q));
+  p.n_tiles = int(operand_scale_tiles(sh.s_k));
+  const double scale = opt.softmax_scale > 0 ? opt.softmax_scale : 1.0 / std::sqrt(double(d));
+  p.scale_log2 = float(scale * 1.4426950408889634);
+  p.causal = opt.causal ? 1 : 0;
+  p.out_fp16 = o.dtype == DType::kF16 ? 1 : 0;
+  *out = p;
+  return Status::Ok();
+}
+
+}  // namespace sm90
 
 Status check_forward_device() {
   int dev = 0;
@@ -136,46 +195,13 @@ Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardO
   FP4ATTN_RETURN_IF_ERROR(check_forward_device());
   if (sh.b == 0 || sh.h == 0 || sh.s_q == 0) return Status::Ok();
 
-  FwdParams p{};
   const int d = int(sh.d);
-  // s_k = 0 gives rows without keys: the kernel then loads nothing, but the
-  // maps must still be valid descriptors, so they get extent 1 over q_data.
-  const bool no_keys = sh.s_k == 0;
-  const int64_t s_k1 = no_keys ? 1 : sh.s_k;
-  const void* k_base = no_keys ? in.q_data.data : in.k_data.data;
-  const void* v_base = no_keys ? in.q_data.data : in.v_data.data;
-  const int64_t v_pitch = no_keys ? 16 : operand_v_pitch(sh.s_k);
   // fp4-direct and nvfp4-all run 128-key blocks only (one kernel fewer per head dim each).
   const bool wide = sm90::fwd_wide_block(d, opt.causal, sh.s_k) &&
                     opt.recipe != Recipe::kFp4Direct && opt.recipe != Recipe::kNvfp4All;
+  FwdParams p;
   FP4ATTN_RETURN_IF_ERROR(
-      make_map(&p.tm_q, in.q_data.data, d, sh.s_q, sh.b * sh.h, d, sm90::kBlockM, "q_data"));
-  FP4ATTN_RETURN_IF_ERROR(make_map(&p.tm_k, k_base, d, s_k1, no_keys ? 1 : sh.b * sh.h_kv, d,
-                                   wide ? sm90::kWideN : sm90::kNarrowN, "k_data"));
-  FP4ATTN_RETURN_IF_ERROR(make_map(&p.tm_v, v_base, v_pitch, no_keys ? 1 : d,
-                                   no_keys ? 1 : sh.b * sh.h_kv, sm90::kScaleTile, d, "v_data"));
-  p.q_scale = in.q_scale.as<float>();
-  p.k_scale = in.k_scale.as<float>();
-  p.v_scale = in.v_scale.as<float>();
-  p.o = o.data;
-  p.o_tma = make_out_map(&p.tm_o, o) ? 1 : 0;
-  p.o_stride_b = o.stride[0];
-  p.o_stride_s = o.stride[1];
-  p.o_stride_h = o.stride[2];
-  p.lse = lse.defined() ? lse.as<float>() : nullptr;
-  p.lse_stride_b = lse.defined() ? lse.stride[0] : 0;
-  p.lse_stride_h = lse.defined() ? lse.stride[1] : 0;
-  p.b = int(sh.b);
-  p.h = int(sh.h);
-  p.h_kv = int(sh.h_kv);
-  p.s_q = int(sh.s_q);
-  p.s_k = int(sh.s_k);
-  p.m_tiles = int(operand_scale_tiles(sh.s_q));
-  p.n_tiles = int(operand_scale_tiles(sh.s_k));
-  const double scale = opt.softmax_scale > 0 ? opt.softmax_scale : 1.0 / std::sqrt(double(d));
-  p.scale_log2 = float(scale * 1.4426950408889634);
-  p.causal = opt.causal ? 1 : 0;
-  p.out_fp16 = o.dtype == DType::kF16 ? 1 : 0;
+      sm90::make_forward_params(in, opt, sh, o, lse, wide ? sm90::kWideN : sm90::kNarrowN, &p));
   if (opt.recipe == Recipe::kNvfp4Fast) {
     if (d == 128) return launch<128, sm90::kPCodes, sm90::kNarrowN>(p, stream);
     return wide ? launch<64, sm90::kPCodes, sm90::kWideN>(p, stream)
