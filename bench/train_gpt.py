@@ -183,7 +183,7 @@ def train_one(backend, args, train, held, device, dtype):
         model.train()
         return sum(losses) / len(losses)
 
-    curve, held_curve, diverged = [], [], False
+    curve, held_curve, diverged, out_of_time = [], [], False, False
     window = []
     t0 = time.perf_counter()
     for step in range(1, args.steps + 1):
@@ -202,10 +202,16 @@ def train_one(backend, args, train, held, device, dtype):
         if step % args.log_every == 0 or step == args.steps:
             curve.append([step, sum(window) / len(window)])
             window = []
-        if step % args.eval_every == 0 or step == args.steps:
+        out_of_time = args.max_minutes > 0 and time.perf_counter() - t0 > 60 * args.max_minutes
+        if out_of_time and window:
+            curve.append([step, sum(window) / len(window)])
+            window = []
+        if step % args.eval_every == 0 or step == args.steps or out_of_time:
             held_curve.append([step, held_out_loss()])
             print(f"  {backend:14s} step {step:6d} train {curve[-1][1]:.4f} "
                   f"held-out {held_curve[-1][1]:.4f}", flush=True)
+        if out_of_time:
+            break
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
@@ -214,6 +220,7 @@ def train_one(backend, args, train, held, device, dtype):
         "backend": backend,
         "steps_run": step,
         "diverged": diverged,
+        "stopped_by_time": out_of_time,
         "curve": curve,
         "held_out_curve": held_curve,
         "final_train_loss": finite[-1] if finite and not diverged else None,
@@ -276,6 +283,8 @@ def main(argv=None):
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--eval-batches", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-minutes", type=float, default=0,
+                    help="stop each run after this long (0: no limit); its steps_run says where")
     ap.add_argument("--corpus", default=None, help="directory of .py files (default: the stdlib)")
     ap.add_argument("--max-bytes", type=int, default=64 << 20)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
