@@ -68,6 +68,15 @@ __device__ __forceinline__ void mask_scores(float (&s)[SN], bool edge, int n0, i
   }
 }
 
+// One row's running-max update from the block's largest z over the quad (mx).
+__device__ __forceinline__ void row_max_step(float mx, RowState& st, int h2, float (&m_use)[2],
+                                             float (&alpha)[2]) {
+  const float m_new = fmaxf(st.m[h2], ceilf(mx));
+  m_use[h2] = m_new == -INFINITY ? 0.f : m_new;
+  alpha[h2] = fast_exp2(st.m[h2] - m_use[h2]);  // exact power of two (0 from -inf)
+  st.m[h2] = m_new;
+}
+
 // The block's update of the integer log2 running max (NaN-ignoring, as the golden model): m_use
 // is the new max (0 for a row without a valid key so far, so that later arithmetic sees -inf,
 // not NaN) and alpha = 2^(m_old - m_new), the exact factor by which O and the sums are scaled.
@@ -94,10 +103,7 @@ __device__ __forceinline__ void update_row_max(const float (&s)[SN], RowState& s
         fmaxf(fmaxf(mp[h2][0][0], mp[h2][0][1]) * c[0], fmaxf(mp[h2][1][0], mp[h2][1][1]) * c[1]);
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-    const float m_new = fmaxf(st.m[h2], ceilf(mx));
-    m_use[h2] = m_new == -INFINITY ? 0.f : m_new;
-    alpha[h2] = fast_exp2(st.m[h2] - m_use[h2]);  // exact power of two (0 from -inf)
-    st.m[h2] = m_new;
+    row_max_step(mx, st, h2, m_use, alpha);
   }
 }
 
@@ -219,47 +225,72 @@ __device__ __forceinline__ float e2m1_rne(float u) {
 // max, e moves with m and x does not: the codes equal the golden model's (final max) ones except
 // for blocks that only the final max pushes past the zero or folding limits (2^-14 of the max).
 // A NaN tile factor makes the tile's visible P NaN and the row sum NaN, as the golden model.
+//
+// Lean form (issue 6), bit-identical to the previous one: the row max comes from the quad's block
+// maxima (max(S) * c = max(S * c) for c >= 0, NaN products ignored either way), so S is scanned
+// once; per key one FFMA.SAT gives clamp(u, 0, 8) / 8 and direct_e2m1_round_eighths rounds it
+// without compares or selects (codes kept in eighths, the unit times 8: the same products and
+// sums); the block exponent and unit are direct_block_scale (no float <-> int conversions).
 template <int SN>
 __device__ __forceinline__ void softmax_direct(float (&s)[SN], RowState& st, const float (&c)[2],
                                                bool edge, int n0, int t, const int (&rows)[2],
                                                const Mask& mask, float (&alpha)[2]) {
   static_assert(kDirectBlock == 32, "a 32-key block is 16 registers of a thread");
+  constexpr int kBlocks = SN / 16;
   mask_scores(s, edge, n0, t, rows, mask);
-  float m_use[2];
-  update_row_max(s, st, c, m_use, alpha);
-  float lsum[2] = {0.f, 0.f};
+  // Raw S maxima per block and row over the quad: registers 16b + 4j + 2 h2 + {0, 1}.
+  float bm[kBlocks][2];
 #pragma unroll
-  for (int b = 0; b < SN / 16; ++b) {
-    const float cb = c[Frag::tile(16 * b)];
+  for (int b = 0; b < kBlocks; ++b) {
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
-      // Registers 16b + 4j + 2 h2 + {0, 1}, j = 0..3: this thread's 8 keys of the block's row.
-      float bm = -INFINITY;
+      const float* r = s + 16 * b + 2 * h2;
+      float m = fmaxf(fmaxf(fmaxf(r[0], r[1]), fmaxf(r[4], r[5])),
+                      fmaxf(fmaxf(r[8], r[9]), fmaxf(r[12], r[13])));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
+      bm[b][h2] = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
+    }
+  }
+  constexpr int kTiles = (SN + kScaleTile / 2 - 1) / (kScaleTile / 2);
+  float m_use[2];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        bm = fmaxf(bm, fmaxf(s[16 * b + 4 * j + 2 * h2], s[16 * b + 4 * j + 2 * h2 + 1]));
-      }
-      bm = fmaxf(bm, __shfl_xor_sync(0xffffffff, bm, 1));
-      bm = fmaxf(bm, __shfl_xor_sync(0xffffffff, bm, 2));
-      const float g = bm * cb - m_use[h2];  // NaN (c NaN) and -inf (no visible key): zero block
-      const int e = g >= -1000.f ? direct_block_exponent(g) : -1000;
-      const bool zero = e + 127 <= 0;
-      const float unit = zero ? 0.f : __int_as_float((e + 6 + 127) << 23);  // 2^(e + 6)
-      // u = A x + B = (A c) S + A (log2 6 - e - m) + B, one FFMA per key.
-      const float ac = kDirectA * cb;
-      const float k0 = fmaf(kDirectA, kLog2Six - float(e) - m_use[h2], kDirectB);
-      float qsum = 0.f;
+  for (int h2 = 0; h2 < 2; ++h2) {
+    float mt[kTiles];  // per 128-key scale tile that the block has
+#pragma unroll
+    for (int k = 0; k < kTiles; ++k) mt[k] = -INFINITY;
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b)
+      mt[Frag::tile(16 * b)] = fmaxf(mt[Frag::tile(16 * b)], bm[b][h2]);
+    // A tile the block lacks gave -inf * c (-inf or NaN), which every fmaxf ignores.
+    float mx = mt[0] * c[0];
+#pragma unroll
+    for (int k = 1; k < kTiles; ++k) mx = fmaxf(mx, mt[k] * c[k]);
+    row_max_step(mx, st, h2, m_use, alpha);
+  }
+  float lsum[2] = {0.f, 0.f};
+#pragma unroll
+  for (int b = 0; b < kBlocks; ++b) {
+    const float cb = c[Frag::tile(16 * b)];
+    const float ac8 = (kDirectA / 8) * cb;  // = (A c) / 8 exactly
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      // g NaN (c NaN) or -inf (no visible key): unit 0, a zero block. unit8 = 8 * 2^(e + 6).
+      const DirectBlockScale sc = direct_block_scale(bm[b][h2] * cb - m_use[h2], 9);
+      // u / 8 = (A x + B) / 8 = (A c / 8) S + (A (log2 6 - e - m) + B) / 8: one FFMA.SAT per key,
+      // which also clamps at 0 and 8 and zeroes NaN (-inf * 0 on masked keys, a NaN S).
+      const float k08 = fmaf(kDirectA / 8, kLog2Six - sc.e - m_use[h2], kDirectB / 8);
+      float qsum8 = 0.f;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
           float& x = s[16 * b + 4 * j + 2 * h2 + k];
-          const float q = e2m1_rne(fmaxf(0.f, fmaf(x, ac, k0)));  // -inf, NaN -> 0
-          qsum += q;
-          x = q * unit;
+          const float q8 = direct_e2m1_round_eighths(fma_sat(x, ac8, k08));  // q / 8
+          qsum8 += q8;
+          x = q8 * sc.unit;
         }
       }
-      lsum[h2] += qsum * unit;
+      lsum[h2] += qsum8 * sc.unit;
     }
   }
 #pragma unroll

@@ -1,0 +1,193 @@
+// fp4-direct's lean kernel map (direct_p.h: direct_e2m1_round(_eighths), fma_sat,
+// direct_block_scale) against the definitions it replaces: the E2M1 rounding over every float of
+// [2^-3, 8] and a stride of all 2^32 (all of them with FP4ATTN_FULL_SWEEP=1), the kernel's scaled
+// FFMA.SAT form over random and threshold-hitting (S, c, k0), and the block exponent over a stride
+// of [-1024, 0] plus 64 floats either side of each switch.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+
+#include "fp4attn/direct_p.h"
+#include "fp4attn/formats.h"
+
+namespace fp4attn {
+namespace {
+
+// The map the kernel used before (p_paths.cuh at 9c2e964): max(0, u), then the magic number of
+// u's E2M1 step chosen by two compares, satfinite by a min.
+float previous_kernel_round(float u) {
+  const float v = detail::max0(u);  // the kernel's fmaxf: every NaN -> 0
+  const float magic = v < 2.f ? 6291456.f : (v < 4.f ? 12582912.f : 25165824.f);
+  return std::fmin(detail::sub_rn(detail::sub_rn(v, -magic), magic), 6.f);
+}
+
+float golden_round(float u) { return e2m1_to_float(float_to_e2m1(detail::max0(u))); }
+
+// Mismatches of the lifted map with the given constants over every float bit pattern from lo to
+// hi (inclusive) with the given stride; the first mismatch in *first.
+int64_t sweep(uint32_t lo, uint32_t hi, uint32_t stride, int32_t lift, int32_t floor_bits,
+              uint32_t* first) {
+  int64_t bad = 0;
+  for (uint64_t b = lo; b <= hi; b += stride) {
+    const float u = bits_float(static_cast<uint32_t>(b));
+    const float got = detail::e2m1_round_lifted(detail::max0(u), 6.f, lift, floor_bits);
+    // The kernel's form: u / 8 through FFMA.SAT, codes in eighths.
+    const float eighths = 8.f * detail::e2m1_round_lifted(fma_sat(u, 0.125f, 0.f), 0.75f, lift,
+                                                          floor_bits - (3 << 23));
+    // Bit equality with the previous kernel (the operand byte sees the sign of a zero) and value
+    // equality with the golden codec.
+    const uint32_t want = float_bits(previous_kernel_round(u));
+    if (float_bits(got) != want || float_bits(eighths) != want || got != golden_round(u)) {
+      if (bad++ == 0) *first = static_cast<uint32_t>(b);
+    }
+  }
+  return bad;
+}
+
+// Every float of [2^-3, 8] (every rounding decision), a prime stride over all 2^32 patterns, and
+// with FP4ATTN_FULL_SWEEP=1 all of them (about a minute; ran once, 0 mismatches).
+TEST(DirectFast, E2m1RoundEqualsTheCodecOnEveryFloat) {
+  uint32_t first = 0;
+  const bool full = std::getenv("FP4ATTN_FULL_SWEEP") != nullptr;
+  EXPECT_EQ(sweep(float_bits(0.125f), float_bits(8.f), 1, kE2m1Lift, kE2m1LiftFloor, &first), 0)
+      << "first mismatch at bits 0x" << std::hex << first;
+  EXPECT_EQ(sweep(0u, 0xFFFFFFFFu, full ? 1 : 211, kE2m1Lift, kE2m1LiftFloor, &first), 0)
+      << "first mismatch at bits 0x" << std::hex << first;
+}
+
+TEST(DirectFast, E2m1RoundTiesNanAndInfinities) {
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const float cases[][2] = {{0.25f, 0.f},
+                            {0.75f, 1.f},
+                            {1.25f, 1.f},
+                            {1.75f, 2.f},
+                            {2.5f, 2.f},
+                            {3.5f, 4.f},
+                            {5.f, 4.f},
+                            {7.f, 6.f},
+                            {6.f, 6.f},
+                            {kInf, 6.f},
+                            {-kInf, 0.f},
+                            {-0.f, 0.f},
+                            {std::nextafter(0.25f, 1.f), 0.5f},
+                            {std::nextafter(0.75f, 0.f), 0.5f},
+                            {std::nextafter(5.f, 6.f), 6.f},
+                            {std::nextafter(2.f, 0.f), 2.f},
+                            {std::numeric_limits<float>::quiet_NaN(), 0.f},
+                            {1e30f, 6.f},
+                            {-1e30f, 0.f}};
+  for (const auto& c : cases) {
+    EXPECT_EQ(float_bits(direct_e2m1_round(c[0])), float_bits(c[1])) << c[0];
+    const float w = fma_sat(c[0], 0.125f, 0.f);
+    EXPECT_EQ(float_bits(8.f * direct_e2m1_round_eighths(w)), float_bits(c[1])) << c[0];
+  }
+}
+
+// Off-by-one constants must be caught by the sweep of [2^-3, 8]. (kE2m1Lift - 1 is no mutation:
+// it only halves M for exact powers of two, which need no rounding.)
+TEST(DirectFast, E2m1RoundMutationsFail) {
+  const uint32_t lo = float_bits(0.125f), hi = float_bits(8.f);
+  uint32_t first = 0;
+  EXPECT_GT(sweep(lo, hi, 1, kE2m1Lift + (1 << 23), kE2m1LiftFloor, &first), 0);
+  EXPECT_GT(sweep(lo, hi, 1, kE2m1Lift - (1 << 23), kE2m1LiftFloor, &first), 0);
+  EXPECT_GT(sweep(lo, hi, 1, kE2m1Lift - (1 << 22), kE2m1LiftFloor, &first), 0);
+  EXPECT_GT(sweep(lo, hi, 1, kE2m1Lift, kE2m1LiftFloor + (1 << 23), &first), 0);
+  EXPECT_GT(sweep(lo, hi, 1, kE2m1Lift, kE2m1LiftFloor - (1 << 23), &first), 0);
+}
+
+// The previous kernel's per-key code: u = fmaf(S, A c, k0), k0 = fmaf(A, t, B) with t = (log2 6 -
+// e) - m; the new one: FFMA.SAT of S with A c / 8 and k0 / 8 = fmaf(A / 8, t, B / 8), in eighths.
+// Equal whenever |S| < 2^25 (E4M3 Q K^T sums at d <= 128) or S is +-inf or NaN: the scaling by
+// 1/8 is exact for every normal result, and where A c / 8 would be subnormal (c < 2^-123) S A c
+// cannot move u off k0 (|k0| >= 2^-25 or k0 = 0).
+bool same_code(float S, float c, float t) {
+  const float k0 = fmaf(kDirectA, t, kDirectB);
+  const float k08 = fmaf(kDirectA / 8, t, kDirectB / 8);
+  const float ac = detail::mul_rn(kDirectA, c), ac8 = detail::mul_rn(kDirectA / 8, c);
+  const float before = previous_kernel_round(fmaf(S, ac, k0));
+  const float after = 8.f * direct_e2m1_round_eighths(fma_sat(S, ac8, k08));
+  return float_bits(before) == float_bits(after);
+}
+
+TEST(DirectFast, ScaledFfmaSatGivesTheSameCodes) {
+  uint64_t rng = 0x9E3779B97F4A7C15ull;
+  auto next = [&rng] {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return rng;
+  };
+  auto uniform = [&next] { return static_cast<double>(next() >> 11) * 0x1p-53; };
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const float special_c[] = {
+      0.f, 1e-40f, 0x1p-126f, 0x1p-123f, 3e-38f, kInf, std::numeric_limits<float>::quiet_NaN()};
+  const float thresholds[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f, 6.f, 7.f, 8.f};
+  int64_t bad = 0, checked = 0;
+  for (int i = 0; i < 200000; ++i) {
+    // c log-uniform over [2^-140, 2^4] (tiny ones included), sometimes special.
+    float c = static_cast<float>(std::exp2(-140.0 + 144.0 * uniform()));
+    if (i % 97 == 0) c = special_c[(i / 97) % 7];
+    // t = (log2 6 - e) - m: e in [-130, 0], m in [-64, 64]; near -0.8 k0 is tiny.
+    const int e = -static_cast<int>(next() % 131), m = static_cast<int>(next() % 129) - 64;
+    float t = (kLog2Six - static_cast<float>(e)) - static_cast<float>(m);
+    if (i % 5 == 0) t = -0.8f + static_cast<float>(uniform() - 0.5) * 1e-6f;
+    // S random over +-2^25, or aimed at each threshold and its neighbours.
+    const float ac = detail::mul_rn(kDirectA, c), k0 = fmaf(kDirectA, t, kDirectB);
+    float S = static_cast<float>((uniform() * 2 - 1) * std::exp2(25.0 * uniform()));
+    for (float T : thresholds) {
+      const float aim = static_cast<float>((double(T) - k0) / ac);
+      float s0 = std::isfinite(aim) && std::fabs(aim) < 0x1p25f ? aim : S;
+      for (int k = 0; k < 3; ++k) s0 = std::nextafter(s0, -kInf);
+      for (int k = 0; k < 7; ++k, s0 = std::nextafter(s0, kInf), ++checked) {
+        bad += !same_code(s0, c, t);
+      }
+    }
+    for (float s1 : {S, -kInf, kInf, std::numeric_limits<float>::quiet_NaN(), 0.f}) {
+      bad += !same_code(s1, c, t);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(bad, 0) << "of " << checked;
+}
+
+// The kernel's block exponent and unit before: int e = g >= -1000 ? direct_block_exponent(g) :
+// -1000, zero block when e + 127 <= 0, unit = 2^(e + 6) else 0.
+bool same_as_previous(float g) {
+  const int e = g >= -1000.f ? direct_block_exponent(g) : -1000;
+  const bool zero = e + 127 <= 0;
+  const float unit = zero ? 0.f : std::ldexp(1.f, e + 6);
+  const DirectBlockScale s = direct_block_scale(g);
+  // The kernel's unit for codes in eighths: 8 times the operand unit, exactly.
+  if (float_bits(direct_block_scale(g, 9).unit) != float_bits(8.f * unit)) return false;
+  if (float_bits(s.unit) != float_bits(unit)) return false;
+  return zero || s.e == static_cast<float>(e);  // k0 uses e only in nonzero blocks
+}
+
+TEST(DirectFast, BlockScaleEqualsTheIntegerExponent) {
+  int64_t bad = 0, checked = 0;
+  // Every 13th float of [-1024, 0] (below -127 all blocks are zero blocks).
+  for (uint32_t b = float_bits(-0.f); b <= float_bits(-1024.f); b += 13, ++checked) {
+    bad += !same_as_previous(bits_float(b));
+  }
+  // 64 floats either side of every switch k - (1 - log2 1.5) down to the zero-block limit.
+  for (int k = 1; k >= -130; --k) {
+    float g = static_cast<float>(k) - kNearestPow2Shift;
+    for (int i = 0; i < 64; ++i) g = std::nextafter(g, -2000.f);
+    for (int i = 0; i < 129; ++i, g = std::nextafter(g, 0.f), ++checked) {
+      if (g <= 0.f) bad += !same_as_previous(g);
+    }
+  }
+  EXPECT_EQ(bad, 0) << "of " << checked;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (float g : {-kInf, std::numeric_limits<float>::quiet_NaN(), -1e30f, -1000.f, -1001.f,
+                  -126.f - kNearestPow2Shift, -127.f - kNearestPow2Shift}) {
+    EXPECT_TRUE(same_as_previous(g)) << g;
+  }
+  EXPECT_EQ(direct_block_scale(-126.f - kNearestPow2Shift).unit, std::ldexp(1.f, -120));
+  EXPECT_EQ(direct_block_scale(std::nextafter(-126.f - kNearestPow2Shift, -200.f)).unit, 0.f);
+  EXPECT_EQ(direct_block_scale(0.f).unit, 64.f);
+}
+
+}  // namespace
+}  // namespace fp4attn
