@@ -34,13 +34,15 @@ FP4ATTN_HD int direct_block_exponent(float g) {
 // (tests/reference/test_direct_fast.cc).
 struct DirectBlockScale {
   float e, unit;
+  int32_t field;  // unit's exponent field, less 127, << 23; -127 << 23 for a zero block (unit 0)
 };
 FP4ATTN_HD DirectBlockScale direct_block_scale(float g, uint32_t shift = 6) {
   const float e = floorf(g + kNearestPow2Shift);
-  // 1.5 * 2^23 + e holds e in its low mantissa bits; << 23 moves them to the exponent field and
-  // pushes the magic's own bits (0x4B400000, low 9 bits zero) out of the word.
-  const uint32_t e_field = float_bits(e + 12582912.f) << 23;
-  return {e, e >= -126.f ? bits_float(e_field + ((127u + shift) << 23)) : 0.f};
+  // 1.5 * 2^23 + e + shift holds e + shift in its low mantissa bits; << 23 moves them to the
+  // exponent field and pushes the magic's own bits (0x4B400000, low 9 bits zero) out of the word.
+  const float lifted = e + (12582912.f + static_cast<float>(shift));
+  const int32_t field = e >= -126.f ? static_cast<int32_t>(float_bits(lifted) << 23) : -(127 << 23);
+  return {e, bits_float(static_cast<uint32_t>(field + (127 << 23))), field};
 }
 
 // E2M1 rounding without compares or selects. For v in [0, cap] (cap 6 or its power-of-two
@@ -93,6 +95,32 @@ FP4ATTN_HD float fma_sat(float a, float b, float c) {
 // direct_e2m1_round(u) / 8. The clamp at 0 and the NaN rule come free with the FFMA.SAT.
 FP4ATTN_HD float direct_e2m1_round_eighths(float w) {
   return detail::e2m1_round_lifted(w, 0.75f, kE2m1Lift, kE2m1LiftFloor - (3 << 23));
+}
+
+// The same rounding with the operand unit folded into M: for a block scale s of shift 9 (unit =
+// 8 * 2^(e + 6)), direct_operand(w, s) = direct_e2m1_round_eighths(w) * s.unit = q * 2^(e + 6),
+// the P operand value, in one FFMA and one FADD: r = w * unit + M * unit rounds w once as w + M
+// does (scaling by a power of two commutes with RN; r >= 2^-98 is normal), and M * unit is M
+// with the unit's exponent field added. A zero block (unit 0, field -127 << 23: M * 2^-127 is
+// still a normal float) gives (0 + M) - M = 0.
+struct DirectKeyMap {
+  float unit;
+  int32_t lift, floor_bits;
+};
+FP4ATTN_HD DirectKeyMap direct_key_map(const DirectBlockScale& s) {
+  return {s.unit, kE2m1Lift + s.field, kE2m1LiftFloor - (3 << 23) + s.field};
+}
+namespace detail {
+FP4ATTN_HD float e2m1_operand_lifted(float w, float unit, int32_t lift, int32_t floor_bits) {
+  w = fminf(w, 0.75f);
+  const int32_t lifted = static_cast<int32_t>(float_bits(w)) + lift;
+  const uint32_t m_bits = static_cast<uint32_t>(lifted > floor_bits ? lifted : floor_bits);
+  const float m = bits_float(m_bits & 0xFF800000u);
+  return sub_rn(fmaf(w, unit, m), m);
+}
+}  // namespace detail
+FP4ATTN_HD float direct_operand(float w, const DirectKeyMap& k) {
+  return detail::e2m1_operand_lifted(w, k.unit, k.lift, k.floor_bits);
 }
 
 // E2M1 code of one probability: x = (z - m) - e_B + log2(6); RNE to E2M1, satfinite at 6.

@@ -86,16 +86,16 @@ TEST(DirectFast, E2m1RoundTiesNanAndInfinities) {
   }
 }
 
-// Off-by-one constants must be caught by the sweep of [2^-3, 8]. (kE2m1Lift - 1 is no mutation:
-// it only halves M for exact powers of two, which need no rounding.)
+// Off-by-one constants must be caught by the sweep of [2^-3, 8] (every 7th float suffices).
+// (kE2m1Lift - 1 is no mutation: it only halves M for exact powers of two, which need no rounding.)
 TEST(DirectFast, E2m1RoundMutationsFail) {
   const uint32_t lo = float_bits(0.125f), hi = float_bits(8.f);
   uint32_t first = 0;
-  EXPECT_GT(sweep(lo, hi, 1, kE2m1Lift + (1 << 23), kE2m1LiftFloor, &first), 0);
-  EXPECT_GT(sweep(lo, hi, 1, kE2m1Lift - (1 << 23), kE2m1LiftFloor, &first), 0);
-  EXPECT_GT(sweep(lo, hi, 1, kE2m1Lift - (1 << 22), kE2m1LiftFloor, &first), 0);
-  EXPECT_GT(sweep(lo, hi, 1, kE2m1Lift, kE2m1LiftFloor + (1 << 23), &first), 0);
-  EXPECT_GT(sweep(lo, hi, 1, kE2m1Lift, kE2m1LiftFloor - (1 << 23), &first), 0);
+  EXPECT_GT(sweep(lo, hi, 7, kE2m1Lift + (1 << 23), kE2m1LiftFloor, &first), 0);
+  EXPECT_GT(sweep(lo, hi, 7, kE2m1Lift - (1 << 23), kE2m1LiftFloor, &first), 0);
+  EXPECT_GT(sweep(lo, hi, 7, kE2m1Lift - (1 << 22), kE2m1LiftFloor, &first), 0);
+  EXPECT_GT(sweep(lo, hi, 7, kE2m1Lift, kE2m1LiftFloor + (1 << 23), &first), 0);
+  EXPECT_GT(sweep(lo, hi, 7, kE2m1Lift, kE2m1LiftFloor - (1 << 23), &first), 0);
 }
 
 // The previous kernel's per-key code: u = fmaf(S, A c, k0), k0 = fmaf(A, t, B) with t = (log2 6 -
@@ -151,15 +151,88 @@ TEST(DirectFast, ScaledFfmaSatGivesTheSameCodes) {
   EXPECT_EQ(bad, 0) << "of " << checked;
 }
 
+// direct_operand (rounding with the unit in M) = the rounded code times the operand unit, for
+// every block exponent e in [-126, 0] and a zero block: all floats u of [2^-3, 8] at e = 0, -126
+// and a zero block, a stride of all 2^32 at every e. The kernel's input is w = fma_sat(u / 8).
+int64_t operand_mismatches(float g, uint32_t lo, uint32_t hi, uint32_t stride) {
+  const DirectBlockScale sc = direct_block_scale(g, 9);
+  const DirectKeyMap km = direct_key_map(sc);
+  const int e = direct_block_exponent(g);
+  const bool zero = e + 127 <= 0;
+  int64_t bad = 0;
+  for (uint64_t b = lo; b <= hi; b += stride) {
+    const float u = bits_float(static_cast<uint32_t>(b));
+    const float want = zero ? 0.f : previous_kernel_round(u) * std::ldexp(1.f, e + 6);
+    bad += float_bits(direct_operand(fma_sat(u, 0.125f, 0.f), km)) != float_bits(want);
+  }
+  return bad;
+}
+
+TEST(DirectFast, OperandEqualsCodeTimesUnit) {
+  const uint32_t lo = float_bits(0.125f), hi = float_bits(8.f);
+  for (float g : {0.f, -126.f, -3000.f}) {
+    EXPECT_EQ(operand_mismatches(g, lo, hi, 1), 0) << "g " << g;
+  }
+  for (int e = 0; e >= -127; --e) {
+    EXPECT_EQ(operand_mismatches(static_cast<float>(e), 0u, 0xFFFFFFFFu, 16411), 0) << "e " << e;
+  }
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (float g : {-kInf, std::numeric_limits<float>::quiet_NaN()}) {
+    EXPECT_EQ(operand_mismatches(g, 0u, 0xFFFFFFFFu, 65537), 0) << "g " << g;
+  }
+  if (std::getenv("FP4ATTN_FULL_SWEEP") != nullptr) {  // ran once: 0 mismatches
+    for (float g : {0.f, -126.f}) EXPECT_EQ(operand_mismatches(g, 0u, 0xFFFFFFFFu, 1), 0) << g;
+  }
+}
+
+// A key map one binade off must be caught.
+TEST(DirectFast, OperandMutationsFail) {
+  const DirectKeyMap km = direct_key_map(direct_block_scale(-3.f, 9));
+  const DirectKeyMap bad[] = {{km.unit, km.lift + (1 << 23), km.floor_bits},
+                              {km.unit, km.lift, km.floor_bits - (1 << 23)},
+                              {km.unit, km.lift - (1 << 22), km.floor_bits}};
+  for (const DirectKeyMap& m : bad) {
+    int64_t n = 0;
+    for (uint32_t b = float_bits(0.125f); b <= float_bits(8.f); b += 7) {
+      const float w = fma_sat(bits_float(b), 0.125f, 0.f);
+      n += float_bits(direct_operand(w, m)) != float_bits(direct_operand(w, km));
+    }
+    EXPECT_GT(n, 0);
+  }
+}
+
+// The kernel sums the operand values of a block row; the sum equals the previous unit * sum(q):
+// every term is a multiple of unit / 2 below 6 * unit, so both sums are exact.
+TEST(DirectFast, OperandSumEqualsUnitTimesCodeSum) {
+  uint64_t rng = 12345;
+  int64_t bad = 0;
+  for (int i = 0; i < 100000; ++i) {
+    const int e = -static_cast<int>((rng = rng * 6364136223846793005ull + 1) >> 57);
+    const DirectKeyMap km = direct_key_map(direct_block_scale(static_cast<float>(e), 9));
+    float psum = 0.f, qsum = 0.f;
+    for (int k = 0; k < 8; ++k) {
+      rng = rng * 6364136223846793005ull + 1;
+      const float u = static_cast<float>(static_cast<double>(rng >> 40) * 0x1p-24 * 9.0 - 1.0);
+      psum += direct_operand(fma_sat(u, 0.125f, 0.f), km);
+      qsum += previous_kernel_round(u);
+    }
+    const float want = e + 127 <= 0 ? 0.f : qsum * std::ldexp(1.f, e + 6);  // zero block: 0
+    bad += float_bits(psum) != float_bits(want);
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 // The kernel's block exponent and unit before: int e = g >= -1000 ? direct_block_exponent(g) :
 // -1000, zero block when e + 127 <= 0, unit = 2^(e + 6) else 0.
 bool same_as_previous(float g) {
   const int e = g >= -1000.f ? direct_block_exponent(g) : -1000;
   const bool zero = e + 127 <= 0;
   const float unit = zero ? 0.f : std::ldexp(1.f, e + 6);
-  const DirectBlockScale s = direct_block_scale(g);
-  // The kernel's unit for codes in eighths: 8 times the operand unit, exactly.
-  if (float_bits(direct_block_scale(g, 9).unit) != float_bits(8.f * unit)) return false;
+  const DirectBlockScale s = direct_block_scale(g), s9 = direct_block_scale(g, 9);
+  // The kernel's unit for codes in eighths: 8 times the operand unit, exactly; the field is the
+  // unit's exponent less 127 (-127 for a zero block).
+  if (float_bits(s9.unit) != float_bits(8.f * unit)) return false;
+  if (s9.field != (zero ? -(127 << 23) : (e + 9) * (1 << 23))) return false;
   if (float_bits(s.unit) != float_bits(unit)) return false;
   return zero || s.e == static_cast<float>(e);  // k0 uses e only in nonzero blocks
 }

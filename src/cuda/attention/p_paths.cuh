@@ -228,9 +228,10 @@ __device__ __forceinline__ float e2m1_rne(float u) {
 //
 // Lean form (issue 6), bit-identical to the previous one: the row max comes from the quad's block
 // maxima (max(S) * c = max(S * c) for c >= 0, NaN products ignored either way), so S is scanned
-// once; per key one FFMA.SAT gives clamp(u, 0, 8) / 8 and direct_e2m1_round_eighths rounds it
-// without compares or selects (codes kept in eighths, the unit times 8: the same products and
-// sums); the block exponent and unit are direct_block_scale (no float <-> int conversions).
+// once; per key one FFMA.SAT gives clamp(u, 0, 8) / 8 and direct_operand rounds it to E2M1 and
+// scales it by the unit in 4 instructions without compares or selects (its magic number carries
+// the unit); the block sum of those values is exactly unit * sum(q) as before. The block exponent
+// and unit are direct_block_scale (no float <-> int conversions).
 template <int SN>
 __device__ __forceinline__ void softmax_direct(float (&s)[SN], RowState& st, const float (&c)[2],
                                                bool edge, int n0, int t, const int (&rows)[2],
@@ -274,23 +275,24 @@ __device__ __forceinline__ void softmax_direct(float (&s)[SN], RowState& st, con
     const float ac8 = (kDirectA / 8) * cb;  // = (A c) / 8 exactly
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
-      // g NaN (c NaN) or -inf (no visible key): unit 0, a zero block. unit8 = 8 * 2^(e + 6).
+      // g NaN (c NaN) or -inf (no visible key): unit 0, a zero block. Codes in eighths, unit
+      // 8 * 2^(e + 6).
       const DirectBlockScale sc = direct_block_scale(bm[b][h2] * cb - m_use[h2], 9);
+      const DirectKeyMap km = direct_key_map(sc);
       // u / 8 = (A x + B) / 8 = (A c / 8) S + (A (log2 6 - e - m) + B) / 8: one FFMA.SAT per key,
       // which also clamps at 0 and 8 and zeroes NaN (-inf * 0 on masked keys, a NaN S).
       const float k08 = fmaf(kDirectA / 8, kLog2Six - sc.e - m_use[h2], kDirectB / 8);
-      float qsum8 = 0.f;
+      float psum = 0.f;  // = unit * sum(q / 8), exactly: every term is a multiple of unit / 16
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
           float& x = s[16 * b + 4 * j + 2 * h2 + k];
-          const float q8 = direct_e2m1_round_eighths(fma_sat(x, ac8, k08));  // q / 8
-          qsum8 += q8;
-          x = q8 * sc.unit;
+          x = direct_operand(fma_sat(x, ac8, k08), km);  // q * 2^(e + 6)
+          psum += x;
         }
       }
-      lsum[h2] += qsum8 * sc.unit;
+      lsum[h2] += psum;
     }
   }
 #pragma unroll
