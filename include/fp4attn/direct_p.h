@@ -40,8 +40,10 @@ FP4ATTN_HD DirectBlockScale direct_block_scale(float g, uint32_t shift = 6) {
   const float e = floorf(g + kNearestPow2Shift);
   // 1.5 * 2^23 + e + shift holds e + shift in its low mantissa bits; << 23 moves them to the
   // exponent field and pushes the magic's own bits (0x4B400000, low 9 bits zero) out of the word.
-  const float lifted = e + (12582912.f + static_cast<float>(shift));
-  const int32_t field = e >= -126.f ? static_cast<int32_t>(float_bits(lifted) << 23) : -(127 << 23);
+  // A zero block takes 0x181 (-127 mod 2^9) instead.
+  const uint32_t low =
+      e >= -126.f ? float_bits(e + (12582912.f + static_cast<float>(shift))) : 0x181u;
+  const int32_t field = static_cast<int32_t>(low << 23);
   return {e, bits_float(static_cast<uint32_t>(field + (127 << 23))), field};
 }
 
@@ -111,17 +113,28 @@ FP4ATTN_HD DirectKeyMap direct_key_map(const DirectBlockScale& s) {
   return {s.unit, kE2m1Lift + s.field, kE2m1LiftFloor - (3 << 23) + s.field};
 }
 namespace detail {
+template <bool kCap>
 FP4ATTN_HD float e2m1_operand_lifted(float w, float unit, int32_t lift, int32_t floor_bits) {
-  w = fminf(w, 0.75f);
+  if constexpr (kCap) w = fminf(w, 0.75f);
   const int32_t lifted = static_cast<int32_t>(float_bits(w)) + lift;
   const uint32_t m_bits = static_cast<uint32_t>(lifted > floor_bits ? lifted : floor_bits);
   const float m = bits_float(m_bits & 0xFF800000u);
   return sub_rn(fmaf(w, unit, m), m);
 }
 }  // namespace detail
+// kCap = false skips the satfinite clamp at 6 (w <= 3/4): equal for every w < 7/8, i.e. u < 7,
+// which holds for every key of a nonzero block whenever |m| <= 2^20 (direct_cap_free).
+template <bool kCap = true>
 FP4ATTN_HD float direct_operand(float w, const DirectKeyMap& k) {
-  return detail::e2m1_operand_lifted(w, k.unit, k.lift, k.floor_bits);
+  return detail::e2m1_operand_lifted<kCap>(w, k.unit, k.lift, k.floor_bits);
 }
+
+// When the clamp at 6 is redundant: u of a key is at most u of its block's largest score,
+// 1.5 (g - e + log2 6) + 1.2 < 5.96 in exact arithmetic (g - e < 1 - (1 - log2 1.5), the
+// floor), and for |m| <= 2^20 the roundings of g, A c, k0 and u move it by less than 0.3
+// (relative errors 2^-24 on terms below 2^21.6), so u < 7 on every key of a nonzero block; a
+// zero block's operand is 0 for any w <= 1. (tests/reference/test_direct_fast.cc hunts it.)
+FP4ATTN_HD bool direct_cap_free(float m) { return fabsf(m) <= 0x1p20f; }
 
 // E2M1 code of one probability: x = (z - m) - e_B + log2(6); RNE to E2M1, satfinite at 6.
 // A NaN x gives code 0: the NaN is carried by the block (see numerics.md).

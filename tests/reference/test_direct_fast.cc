@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 
@@ -220,6 +221,54 @@ TEST(DirectFast, OperandSumEqualsUnitTimesCodeSum) {
     bad += float_bits(psum) != float_bits(want);
   }
   EXPECT_EQ(bad, 0);
+}
+
+// direct_cap_free: with |m| <= 2^20 no key of a nonzero block reaches u >= 7 (w >= 7/8), where
+// the clamp at 6 would matter; a hunt for the largest w: the kernel's arithmetic on block maxima
+// just below each exponent switch (g - e near 1 - (1 - log2 1.5), the largest x), |m| up to 2^20
+// and the row max at the block (m = ceil(bm c)) or above it. Without the clamp the operand
+// equals the clamped one for every w < 7/8 (all floats of [2^-6, 7/8]).
+TEST(DirectFast, CapFreeBelowTwoToTheTwenty) {
+  uint64_t rng = 0x2545F4914F6CDD1Dull;
+  auto next = [&rng] {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return rng;
+  };
+  auto uniform = [&next] { return static_cast<double>(next() >> 11) * 0x1p-53; };
+  float worst = 0.f;
+  int64_t nonzero = 0;
+  for (int i = 0; i < 400000; ++i) {
+    const double mag = i % 2 ? 0x1p20 : std::exp2(20.0 * uniform());
+    const float m = static_cast<float>(std::ceil((uniform() * 2 - 1) * mag));
+    const int e = -static_cast<int>(next() % 127);
+    const float cb = static_cast<float>(std::exp2(-30.0 + 34.0 * uniform()));
+    // X = bm * cb just below m + e + 1 - 0.415 (the switch to e + 1), or at m itself.
+    const double x = i % 3 ? double(m) + e + 0.5849625 - 1e-6 * uniform() : double(m);
+    float bm = static_cast<float>(x / cb);
+    for (int k = 0; k < 4; ++k, bm = std::nextafter(bm, 0x1p127f)) {
+      const float row_m = i % 5 ? m : std::ceil(detail::mul_rn(bm, cb));  // m at the block max
+      const DirectBlockScale sc = direct_block_scale(fmaf(bm, cb, -row_m), 9);
+      if (sc.unit == 0.f || !(fmaf(bm, cb, -row_m) <= 0x1p-10f)) continue;
+      const float k08 = fmaf(kDirectA / 8, kLog2Six - sc.e - row_m, kDirectB / 8);
+      worst = std::fmax(worst, fma_sat(bm, detail::mul_rn(kDirectA / 8, cb), k08));
+      ++nonzero;
+    }
+  }
+  std::printf("largest u of a nonzero block with |m| <= 2^20: %.6f (%lld blocks)\n", 8 * worst,
+              static_cast<long long>(nonzero));
+  EXPECT_GT(nonzero, 1000000);
+  EXPECT_LT(worst, 0.8f);  // u < 6.4: far from 7
+  const DirectKeyMap km = direct_key_map(direct_block_scale(-2.f, 9));
+  int64_t bad = 0;
+  for (uint32_t b = float_bits(0x1p-6f); b < float_bits(0.875f); ++b) {
+    const float w = bits_float(b);
+    bad += float_bits(direct_operand<false>(w, km)) != float_bits(direct_operand<true>(w, km));
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_NE(direct_operand<false>(0.875f, km), direct_operand<true>(0.875f, km));  // the limit
+  EXPECT_TRUE(direct_cap_free(0x1p20f));
+  EXPECT_FALSE(direct_cap_free(0x1.000002p20f));
+  EXPECT_FALSE(direct_cap_free(std::numeric_limits<float>::infinity()));
 }
 
 // The kernel's block exponent and unit before: int e = g >= -1000 ? direct_block_exponent(g) :

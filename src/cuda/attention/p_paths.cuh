@@ -216,6 +216,73 @@ __device__ __forceinline__ float e2m1_rne(float u) {
   return fminf(__fsub_rn(__fadd_rn(u, magic), magic), 6.f);
 }
 
+// Per block row of fp4-direct: the block scale and u / 8 = (A x + B) / 8 = (A c / 8) S + (A (log2 6
+// - e - m) + B) / 8 as one FFMA.SAT per key (ac8, k08), which also clamps at 0 and 8 and zeroes NaN
+// (-inf * 0 on masked keys, a NaN S). g NaN (c NaN) or -inf (no visible key): a zero block.
+// Codes in eighths: the unit is 8 * 2^(e + 6).
+struct DirectRow {
+  DirectBlockScale sc;
+  float k08;
+};
+__device__ __forceinline__ DirectRow direct_row(float bm, float cb, float m_use) {
+  const DirectBlockScale sc = direct_block_scale(bm * cb - m_use, 9);
+  return {sc, fmaf(kDirectA / 8, kLog2Six - sc.e - m_use, kDirectB / 8)};
+}
+
+// The rare pass for rows with |m| > 2^20 (direct_cap_free false somewhere in the warp): s <-
+// min(w, 3/4), w = u / 8 clamped, so that the main pass (then with ac8 = 1, k08 = 0: FFMA.SAT(w,
+// 1, 0) = w) needs no clamp at 6 per key.
+template <int SN>
+__device__ __forceinline__ void direct_precap(float (&s)[SN], const float (&bm)[SN / 16][2],
+                                              const float (&c)[2], const float (&m_use)[2]) {
+#pragma unroll
+  for (int b = 0; b < SN / 16; ++b) {
+    const float cb = c[Frag::tile(16 * b)];
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      const float k08 = direct_row(bm[b][h2], cb, m_use[h2]).k08;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          float& x = s[16 * b + 4 * j + 2 * h2 + k];
+          x = fminf(fma_sat(x, (kDirectA / 8) * cb, k08), 0.75f);
+        }
+      }
+    }
+  }
+}
+
+// fp4-direct's operands and block-row sums from the quad's block maxima bm (softmax_direct);
+// precapped: s holds min(w, 3/4) already (direct_precap).
+template <int SN>
+__device__ __forceinline__ void direct_operands(float (&s)[SN], const float (&bm)[SN / 16][2],
+                                                const float (&c)[2], const float (&m_use)[2],
+                                                bool precapped, float (&lsum)[2]) {
+#pragma unroll
+  for (int b = 0; b < SN / 16; ++b) {
+    const float cb = c[Frag::tile(16 * b)];
+    const float ac8 = precapped ? 1.f : (kDirectA / 8) * cb;  // = (A c) / 8 exactly
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      const DirectRow row = direct_row(bm[b][h2], cb, m_use[h2]);
+      const DirectKeyMap km = direct_key_map(row.sc);
+      const float k08 = precapped ? 0.f : row.k08;
+      float psum = 0.f;  // = unit * sum(q / 8), exactly: every term is a multiple of unit / 16
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          float& x = s[16 * b + 4 * j + 2 * h2 + k];
+          x = direct_operand<false>(fma_sat(x, ac8, k08), km);  // q * 2^(e + 6)
+          psum += x;
+        }
+      }
+      lsum[h2] += psum;
+    }
+  }
+}
+
 // fp4-direct (numerics.md §5): per 32-key block B and row, e = floor(g + 1 - log2 1.5) with g
 // the block's largest z - m (a quad of lanes holds the block's 32 keys: two shuffles), the code
 // q = E2M1_RNE(max(0, A x + B)) of x = z - m - e + log2 6, and the operand value q * 2^(e + 6)
@@ -269,32 +336,12 @@ __device__ __forceinline__ void softmax_direct(float (&s)[SN], RowState& st, con
     row_max_step(mx, st, h2, m_use, alpha);
   }
   float lsum[2] = {0.f, 0.f};
-#pragma unroll
-  for (int b = 0; b < kBlocks; ++b) {
-    const float cb = c[Frag::tile(16 * b)];
-    const float ac8 = (kDirectA / 8) * cb;  // = (A c) / 8 exactly
-#pragma unroll
-    for (int h2 = 0; h2 < 2; ++h2) {
-      // g NaN (c NaN) or -inf (no visible key): unit 0, a zero block. Codes in eighths, unit
-      // 8 * 2^(e + 6).
-      const DirectBlockScale sc = direct_block_scale(bm[b][h2] * cb - m_use[h2], 9);
-      const DirectKeyMap km = direct_key_map(sc);
-      // u / 8 = (A x + B) / 8 = (A c / 8) S + (A (log2 6 - e - m) + B) / 8: one FFMA.SAT per key,
-      // which also clamps at 0 and 8 and zeroes NaN (-inf * 0 on masked keys, a NaN S).
-      const float k08 = fmaf(kDirectA / 8, kLog2Six - sc.e - m_use[h2], kDirectB / 8);
-      float psum = 0.f;  // = unit * sum(q / 8), exactly: every term is a multiple of unit / 16
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          float& x = s[16 * b + 4 * j + 2 * h2 + k];
-          x = direct_operand(fma_sat(x, ac8, k08), km);  // q * 2^(e + 6)
-          psum += x;
-        }
-      }
-      lsum[h2] += psum;
-    }
-  }
+  // The clamp at 6 only matters for rows with |m| > 2^20 (direct_cap_free): a vote per block
+  // runs the clamping pass for the whole warp only then.
+  const bool precap =
+      !__all_sync(0xffffffff, direct_cap_free(m_use[0]) && direct_cap_free(m_use[1]));
+  if (precap) direct_precap(s, bm, c, m_use);
+  direct_operands(s, bm, c, m_use, precap, lsum);
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) st.l[h2] = fmaf(st.l[h2], alpha[h2], lsum[h2]);
   if (c[0] != c[0] || c[1] != c[1]) {  // rare: a NaN input block
