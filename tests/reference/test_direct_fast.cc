@@ -271,6 +271,68 @@ TEST(DirectFast, CapFreeBelowTwoToTheTwenty) {
   EXPECT_FALSE(direct_cap_free(std::numeric_limits<float>::infinity()));
 }
 
+// The row max from the quad's block maxima (softmax_direct) against update_row_max's order (per
+// lane max per scale tile, times c, then the quad): m_new = max(m_old, ceil(mx)) is the same for
+// S with -inf (masked) and NaN entries and c of 0, NaN, +inf or finite (fmaxf ignores NaN), up
+// to the sign of a zero m.
+TEST(DirectFast, RowMaxFromBlockMaximaEqualsUpdateRowMax) {
+  uint64_t rng = 77;
+  auto next = [&rng] {
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return rng;
+  };
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float cs[] = {0.f, nan, kInf, 1e-30f, 0.37f, 3.f};
+  auto pick = [&](int k) -> float {
+    switch (next() % 8) {
+      case 0:
+        return -kInf;
+      case 1:
+        return k % 3 ? -kInf : nan;
+      case 2:
+        return 0.f;
+      default:
+        return static_cast<float>(static_cast<int64_t>(next() % 2001) - 1000) * 0.25f;
+    }
+  };
+  int64_t bad = 0;
+  for (int it = 0; it < 200000; ++it) {
+    // 4 lanes x 2 tiles x 2 blocks per tile x 8 keys of one row; c per tile.
+    float sv[4][2][2][8];
+    for (auto& lane : sv)
+      for (auto& tile : lane)
+        for (auto& blk : tile)
+          for (int k = 0; k < 8; ++k) blk[k] = pick(k);
+    const float c[2] = {cs[next() % 6], cs[next() % 6]};
+    const float m_old = next() % 2 ? -kInf : static_cast<float>(static_cast<int>(next() % 64) - 32);
+    float old_mx = -kInf, new_mx = -kInf, tile_max[2] = {-kInf, -kInf};
+    for (int l = 0; l < 4; ++l) {
+      float mp[2] = {-kInf, -kInf};
+      for (int t = 0; t < 2; ++t)
+        for (int b = 0; b < 2; ++b)
+          for (float x : sv[l][t][b]) mp[t] = std::fmax(mp[t], x);
+      old_mx = std::fmax(old_mx, std::fmax(mp[0] * c[0], mp[1] * c[1]));
+    }
+    for (int t = 0; t < 2; ++t) {
+      for (int b = 0; b < 2; ++b) {
+        float bm = -kInf;  // the block max over the quad
+        for (int l = 0; l < 4; ++l)
+          for (float x : sv[l][t][b]) bm = std::fmax(bm, x);
+        tile_max[t] = std::fmax(tile_max[t], bm);
+      }
+    }
+    new_mx = std::fmax(tile_max[0] * c[0], tile_max[1] * c[1]);
+    const float m_a = std::fmax(m_old, std::ceil(old_mx)),
+                m_b = std::fmax(m_old, std::ceil(new_mx));
+    // Equal in value; the sign of a zero m may differ (c = 0, with fmaxf free to order -0 and
+    // +0), which changes nothing downstream: m only enters sums and differences with nonzero
+    // terms or with another +-0 (g, k0, alpha, the LSE).
+    bad += !(m_a == m_b || (std::isnan(m_a) && std::isnan(m_b)));
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 // The kernel's block exponent and unit before: int e = g >= -1000 ? direct_block_exponent(g) :
 // -1000, zero block when e + 127 <= 0, unit = 2^(e + 6) else 0.
 bool same_as_previous(float g) {

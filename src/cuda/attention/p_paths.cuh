@@ -293,12 +293,14 @@ __device__ __forceinline__ void direct_operands(float (&s)[SN], const float (&bm
 // for blocks that only the final max pushes past the zero or folding limits (2^-14 of the max).
 // A NaN tile factor makes the tile's visible P NaN and the row sum NaN, as the golden model.
 //
-// Lean form (issue 6), bit-identical to the previous one: the row max comes from the quad's block
-// maxima (max(S) * c = max(S * c) for c >= 0, NaN products ignored either way), so S is scanned
-// once; per key one FFMA.SAT gives clamp(u, 0, 8) / 8 and direct_operand rounds it to E2M1 and
-// scales it by the unit in 4 instructions without compares or selects (its magic number carries
-// the unit); the block sum of those values is exactly unit * sum(q) as before. The block exponent
-// and unit are direct_block_scale (no float <-> int conversions).
+// Lean form (issue 6), bit-identical to the previous one (tests/reference/test_direct_fast.cc):
+// the row max comes from the quad's block maxima (max(S) c = max(S c) for c >= 0, NaN products
+// ignored either way; at most the sign of a zero m differs, which changes no result), so S is
+// scanned once. Per key one FFMA.SAT gives w = clamp(u, 0, 8) / 8 and direct_operand rounds it to
+// E2M1 and scales it by the unit in 4 instructions, no compares or selects (the magic number
+// carries the unit); the block-row sum of the operand values is exactly the previous
+// unit * sum(q). The clamp at 6 is needed only for rows with |m| > 2^20 (one vote per block). The
+// block exponent and unit come from direct_block_scale (no float <-> int conversions).
 template <int SN>
 __device__ __forceinline__ void softmax_direct(float (&s)[SN], RowState& st, const float (&c)[2],
                                                bool edge, int n0, int t, const int (&rows)[2],
