@@ -266,6 +266,9 @@ TEST(DirectFast, CapFreeBelowTwoToTheTwenty) {
   }
   EXPECT_EQ(bad, 0);
   EXPECT_NE(direct_operand<false>(0.875f, km), direct_operand<true>(0.875f, km));  // the limit
+  // FFMA.SAT may return -0 for a -0 result: the operand is +0 either way.
+  EXPECT_EQ(float_bits(direct_operand<false>(-0.f, km)), 0u);
+  EXPECT_EQ(float_bits(direct_operand<true>(-0.f, km)), 0u);
   EXPECT_TRUE(direct_cap_free(0x1p20f));
   EXPECT_FALSE(direct_cap_free(0x1.000002p20f));
   EXPECT_FALSE(direct_cap_free(std::numeric_limits<float>::infinity()));
