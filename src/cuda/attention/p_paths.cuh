@@ -68,6 +68,15 @@ __device__ __forceinline__ void mask_scores(float (&s)[SN], bool edge, int n0, i
   }
 }
 
+// One row's running-max update from the block's largest z over the quad (mx).
+__device__ __forceinline__ void row_max_step(float mx, RowState& st, int h2, float (&m_use)[2],
+                                             float (&alpha)[2]) {
+  const float m_new = fmaxf(st.m[h2], ceilf(mx));
+  m_use[h2] = m_new == -INFINITY ? 0.f : m_new;
+  alpha[h2] = fast_exp2(st.m[h2] - m_use[h2]);  // exact power of two (0 from -inf)
+  st.m[h2] = m_new;
+}
+
 // The block's update of the integer log2 running max (NaN-ignoring, as the golden model): m_use
 // is the new max (0 for a row without a valid key so far, so that later arithmetic sees -inf,
 // not NaN) and alpha = 2^(m_old - m_new), the exact factor by which O and the sums are scaled.
@@ -94,10 +103,7 @@ __device__ __forceinline__ void update_row_max(const float (&s)[SN], RowState& s
         fmaxf(fmaxf(mp[h2][0][0], mp[h2][0][1]) * c[0], fmaxf(mp[h2][1][0], mp[h2][1][1]) * c[1]);
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-    const float m_new = fmaxf(st.m[h2], ceilf(mx));
-    m_use[h2] = m_new == -INFINITY ? 0.f : m_new;
-    alpha[h2] = fast_exp2(st.m[h2] - m_use[h2]);  // exact power of two (0 from -inf)
-    st.m[h2] = m_new;
+    row_max_step(mx, st, h2, m_use, alpha);
   }
 }
 
@@ -210,6 +216,73 @@ __device__ __forceinline__ float e2m1_rne(float u) {
   return fminf(__fsub_rn(__fadd_rn(u, magic), magic), 6.f);
 }
 
+// Per block row of fp4-direct: the block scale and u / 8 = (A x + B) / 8 = (A c / 8) S + (A (log2 6
+// - e - m) + B) / 8 as one FFMA.SAT per key (ac8, k08), which also clamps at 0 and 8 and zeroes NaN
+// (-inf * 0 on masked keys, a NaN S). g NaN (c NaN) or -inf (no visible key): a zero block.
+// Codes in eighths: the unit is 8 * 2^(e + 6).
+struct DirectRow {
+  DirectBlockScale sc;
+  float k08;
+};
+__device__ __forceinline__ DirectRow direct_row(float bm, float cb, float m_use) {
+  const DirectBlockScale sc = direct_block_scale(bm * cb - m_use, 9);
+  return {sc, fmaf(kDirectA / 8, kLog2Six - sc.e - m_use, kDirectB / 8)};
+}
+
+// The rare pass for rows with |m| > 2^20 (direct_cap_free false somewhere in the warp): s <-
+// min(w, 3/4), w = u / 8 clamped, so that the main pass (then with ac8 = 1, k08 = 0: FFMA.SAT(w,
+// 1, 0) = w) needs no clamp at 6 per key.
+template <int SN>
+__device__ __forceinline__ void direct_precap(float (&s)[SN], const float (&bm)[SN / 16][2],
+                                              const float (&c)[2], const float (&m_use)[2]) {
+#pragma unroll
+  for (int b = 0; b < SN / 16; ++b) {
+    const float cb = c[Frag::tile(16 * b)];
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      const float k08 = direct_row(bm[b][h2], cb, m_use[h2]).k08;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          float& x = s[16 * b + 4 * j + 2 * h2 + k];
+          x = fminf(fma_sat(x, (kDirectA / 8) * cb, k08), 0.75f);
+        }
+      }
+    }
+  }
+}
+
+// fp4-direct's operands and block-row sums from the quad's block maxima bm (softmax_direct);
+// precapped: s holds min(w, 3/4) already (direct_precap).
+template <int SN>
+__device__ __forceinline__ void direct_operands(float (&s)[SN], const float (&bm)[SN / 16][2],
+                                                const float (&c)[2], const float (&m_use)[2],
+                                                bool precapped, float (&lsum)[2]) {
+#pragma unroll
+  for (int b = 0; b < SN / 16; ++b) {
+    const float cb = c[Frag::tile(16 * b)];
+    const float ac8 = precapped ? 1.f : (kDirectA / 8) * cb;  // = (A c) / 8 exactly
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      const DirectRow row = direct_row(bm[b][h2], cb, m_use[h2]);
+      const DirectKeyMap km = direct_key_map(row.sc);
+      const float k08 = precapped ? 0.f : row.k08;
+      float psum = 0.f;  // = unit * sum(q / 8), exactly: every term is a multiple of unit / 16
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          float& x = s[16 * b + 4 * j + 2 * h2 + k];
+          x = direct_operand<false>(fma_sat(x, ac8, k08), km);  // q * 2^(e + 6)
+          psum += x;
+        }
+      }
+      lsum[h2] += psum;
+    }
+  }
+}
+
 // fp4-direct (numerics.md §5): per 32-key block B and row, e = floor(g + 1 - log2 1.5) with g
 // the block's largest z - m (a quad of lanes holds the block's 32 keys: two shuffles), the code
 // q = E2M1_RNE(max(0, A x + B)) of x = z - m - e + log2 6, and the operand value q * 2^(e + 6)
@@ -219,49 +292,58 @@ __device__ __forceinline__ float e2m1_rne(float u) {
 // max, e moves with m and x does not: the codes equal the golden model's (final max) ones except
 // for blocks that only the final max pushes past the zero or folding limits (2^-14 of the max).
 // A NaN tile factor makes the tile's visible P NaN and the row sum NaN, as the golden model.
+//
+// Lean form (issue 6), bit-identical to the previous one (tests/reference/test_direct_fast.cc):
+// the row max comes from the quad's block maxima (max(S) c = max(S c) for c >= 0, NaN products
+// ignored either way; at most the sign of a zero m differs, which changes no result), so S is
+// scanned once. Per key one FFMA.SAT gives w = clamp(u, 0, 8) / 8 and direct_operand rounds it to
+// E2M1 and scales it by the unit in 4 instructions, no compares or selects (the magic number
+// carries the unit); the block-row sum of the operand values is exactly the previous
+// unit * sum(q). The clamp at 6 is needed only for rows with |m| > 2^20 (one vote per block). The
+// block exponent and unit come from direct_block_scale (no float <-> int conversions).
 template <int SN>
 __device__ __forceinline__ void softmax_direct(float (&s)[SN], RowState& st, const float (&c)[2],
                                                bool edge, int n0, int t, const int (&rows)[2],
                                                const Mask& mask, float (&alpha)[2]) {
   static_assert(kDirectBlock == 32, "a 32-key block is 16 registers of a thread");
+  constexpr int kBlocks = SN / 16;
   mask_scores(s, edge, n0, t, rows, mask);
-  float m_use[2];
-  update_row_max(s, st, c, m_use, alpha);
-  float lsum[2] = {0.f, 0.f};
+  // Raw S maxima per block and row over the quad: registers 16b + 4j + 2 h2 + {0, 1}.
+  float bm[kBlocks][2];
 #pragma unroll
-  for (int b = 0; b < SN / 16; ++b) {
-    const float cb = c[Frag::tile(16 * b)];
+  for (int b = 0; b < kBlocks; ++b) {
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
-      // Registers 16b + 4j + 2 h2 + {0, 1}, j = 0..3: this thread's 8 keys of the block's row.
-      float bm = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        bm = fmaxf(bm, fmaxf(s[16 * b + 4 * j + 2 * h2], s[16 * b + 4 * j + 2 * h2 + 1]));
-      }
-      bm = fmaxf(bm, __shfl_xor_sync(0xffffffff, bm, 1));
-      bm = fmaxf(bm, __shfl_xor_sync(0xffffffff, bm, 2));
-      const float g = bm * cb - m_use[h2];  // NaN (c NaN) and -inf (no visible key): zero block
-      const int e = g >= -1000.f ? direct_block_exponent(g) : -1000;
-      const bool zero = e + 127 <= 0;
-      const float unit = zero ? 0.f : __int_as_float((e + 6 + 127) << 23);  // 2^(e + 6)
-      // u = A x + B = (A c) S + A (log2 6 - e - m) + B, one FFMA per key.
-      const float ac = kDirectA * cb;
-      const float k0 = fmaf(kDirectA, kLog2Six - float(e) - m_use[h2], kDirectB);
-      float qsum = 0.f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          float& x = s[16 * b + 4 * j + 2 * h2 + k];
-          const float q = e2m1_rne(fmaxf(0.f, fmaf(x, ac, k0)));  // -inf, NaN -> 0
-          qsum += q;
-          x = q * unit;
-        }
-      }
-      lsum[h2] += qsum * unit;
+      const float* r = s + 16 * b + 2 * h2;
+      float m = fmaxf(fmaxf(fmaxf(r[0], r[1]), fmaxf(r[4], r[5])),
+                      fmaxf(fmaxf(r[8], r[9]), fmaxf(r[12], r[13])));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
+      bm[b][h2] = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
     }
   }
+  constexpr int kTiles = (SN + kScaleTile / 2 - 1) / (kScaleTile / 2);
+  float m_use[2];
+#pragma unroll
+  for (int h2 = 0; h2 < 2; ++h2) {
+    float mt[kTiles];  // per 128-key scale tile that the block has
+#pragma unroll
+    for (int k = 0; k < kTiles; ++k) mt[k] = -INFINITY;
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b)
+      mt[Frag::tile(16 * b)] = fmaxf(mt[Frag::tile(16 * b)], bm[b][h2]);
+    // A tile the block lacks gave -inf * c (-inf or NaN), which every fmaxf ignores.
+    float mx = mt[0] * c[0];
+#pragma unroll
+    for (int k = 1; k < kTiles; ++k) mx = fmaxf(mx, mt[k] * c[k]);
+    row_max_step(mx, st, h2, m_use, alpha);
+  }
+  float lsum[2] = {0.f, 0.f};
+  // The clamp at 6 only matters for rows with |m| > 2^20 (direct_cap_free): a vote per block
+  // runs the clamping pass for the whole warp only then.
+  const bool precap =
+      !__all_sync(0xffffffff, direct_cap_free(m_use[0]) && direct_cap_free(m_use[1]));
+  if (precap) direct_precap(s, bm, c, m_use);
+  direct_operands(s, bm, c, m_use, precap, lsum);
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) st.l[h2] = fmaf(st.l[h2], alpha[h2], lsum[h2]);
   if (c[0] != c[0] || c[1] != c[1]) {  // rare: a NaN input block
