@@ -716,13 +716,14 @@ TEST(PagedDecodeGpu, PartialsAndCombineMatchTheGolden) {
 void plan_of(const Config& c, const Cache& cache, const Query& x, int64_t* splits,
              int64_t* split_size) {
   const int64_t b = static_cast<int64_t>(c.lens.size()), group = c.h / c.h_kv;
-  int64_t max_len = cache.max_pages * c.page_size, row_blocks = 1, rows = 16;
+  int64_t max_len = cache.max_pages * c.page_size, max_sq = c.varlen ? -1 : c.s_q;
   if (c.host_copies) {
     max_len = *std::max_element(c.lens.begin(), c.lens.end());
-    const int64_t max_sq = *std::max_element(x.sq.begin(), x.sq.end());
-    rows = std::max<int64_t>(max_sq * group, 1);
-    row_blocks = std::max<int64_t>(1, ceil_div(max_sq * group, 16));
+    max_sq = *std::max_element(x.sq.begin(), x.sq.end());
   }
+  // Unknown row counts (varlen without host copies): one row block, the 16-row kernel.
+  const int64_t rows = max_sq < 0 ? 16 : std::max<int64_t>(max_sq * group, 1);
+  const int64_t row_blocks = max_sq < 0 ? 1 : std::max<int64_t>(1, ceil_div(max_sq * group, 16));
   paged_attention_split_plan(b, c.h_kv, row_blocks, max_len, c.splits, splits, split_size,
                              paged_decode_ctas_per_sm(c.d, c.fp4(), rows));
 }
