@@ -27,11 +27,16 @@ struct PagedAttentionCudaOptions {
   // of ceil(max_len / n) keys rounded up to 64 (max_len from seq_lens_host when given, else
   // max_pages * page_size). 1 disables splitting.
   int num_splits = 0;
-  // Device scratch for the split partials, optional: at least paged_attention_workspace_bytes()
-  // bytes, 16-byte aligned. Without it the call allocates (cudaMallocAsync) and frees
-  // (cudaFreeAsync) on the stream when it splits.
+  // Device scratch for the split partials and the fused combine's arrival counters, optional: at
+  // least paged_attention_workspace_bytes() bytes, 16-byte aligned. Without it the call
+  // allocates (cudaMallocAsync) and frees (cudaFreeAsync) on the stream when it splits.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // true: the workspace was zeroed once (cudaMemset) and since then only used by
+  // paged_attention_cuda, one call in flight at a time. Every call that completes leaves its
+  // counters zero (a faulting one leaves the context unusable), so the call skips the counters'
+  // cudaMemsetAsync. false: that memset runs before each split launch.
+  bool workspace_is_clean = false;
 };
 
 // Decode / speculative decode over the paged cache on the GPU:
@@ -73,7 +78,8 @@ Status combine_attention_partials_cuda(const TensorView& o_partial, const Tensor
                                        const TensorView& o, const TensorView& lse,
                                        cudaStream_t stream);
 
-// Bytes of workspace paged_attention_cuda needs for num_splits splits (0 when num_splits <= 1).
+// Bytes of workspace paged_attention_cuda needs for num_splits splits (0 when num_splits <= 1):
+// the partials and one 32-bit counter per (query row, head).
 size_t paged_attention_workspace_bytes(int64_t num_splits, int64_t total_q, int64_t h, int64_t d);
 
 // The split plan paged_attention_cuda uses: *num_splits and *split_size (keys, a multiple of 64)

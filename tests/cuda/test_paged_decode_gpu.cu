@@ -709,6 +709,219 @@ TEST(PagedDecodeGpu, PartialsAndCombineMatchTheGolden) {
   }
 }
 
+// ---- the fused combine (decode.md 7.12) -------------------------------------------------------
+
+// The split plan paged_attention_cuda makes for c (decode.cu: max_len and the row blocks from the
+// host copies when given, else max_pages * page_size and one row block).
+void plan_of(const Config& c, const Cache& cache, const Query& x, int64_t* splits,
+             int64_t* split_size) {
+  const int64_t b = static_cast<int64_t>(c.lens.size()), group = c.h / c.h_kv;
+  int64_t max_len = cache.max_pages * c.page_size, max_sq = c.varlen ? -1 : c.s_q;
+  if (c.host_copies) {
+    max_len = *std::max_element(c.lens.begin(), c.lens.end());
+    max_sq = *std::max_element(x.sq.begin(), x.sq.end());
+  }
+  // Unknown row counts (varlen without host copies): one row block, the 16-row kernel.
+  const int64_t rows = max_sq < 0 ? 16 : std::max<int64_t>(max_sq * group, 1);
+  const int64_t row_blocks = max_sq < 0 ? 1 : std::max<int64_t>(1, ceil_div(max_sq * group, 16));
+  paged_attention_split_plan(b, c.h_kv, row_blocks, max_len, c.splits, splits, split_size,
+                             paged_decode_ctas_per_sm(c.d, c.fp4(), rows));
+}
+
+// The fused combine against the two-kernel path it replaced (the partials launch, then the
+// combine kernel, on the same split plan): the same bits, whichever CTA of a group arrives last,
+// so it is deterministic by construction (the merge runs in split order). Three launches in a
+// row on one caller workspace: the first on a dirty one (0xFF: the call zeroes the counters),
+// then two marked clean (each launch must have left its counters zero): identical bytes, and the
+// counters (the workspace's last total_q x h ints) are zero after every launch. Then the golden
+// comparisons (check_config, on a call-owned workspace).
+// fused = false: more splits than the fused combine takes (the combine kernel runs; the
+// counters are neither used nor zeroed).
+void check_fused(const Config& c, bool fused = true) {
+  SCOPED_TRACE(c.str());
+  const Cache cache = make_cache(c);
+  if (::testing::Test::HasFailure()) return;
+  const Query x = make_query(c, c.seed + 77);
+  const int64_t b = static_cast<int64_t>(c.lens.size()), tq = x.total_q;
+  const int64_t n_out = tq * c.h * c.d, n_lse = tq * c.h;
+  int64_t splits = 0, split_size = 0;
+  plan_of(c, cache, x, &splits, &split_size);
+  ASSERT_GE(splits, 2) << "the config must split";
+  std::printf("[ fused   ] %s: %lld splits of %lld keys\n", c.str().c_str(),
+              static_cast<long long>(splits), static_cast<long long>(split_size));
+
+  std::vector<int32_t> bt = cache.block_tables, sl = cache.seq_lens, cu = x.cu;
+  Dev dpool(cache.pool), dglob(std::vector<float>{cache.globals[0], cache.globals[1]});
+  Dev dbt(cache.block_tables), dsl(cache.seq_lens), dcu(x.cu), dq(x.q);
+  Dev dout(n_out * 2, 0xFF), dlse(n_lse * 4, 0xFF);
+  const size_t ws_bytes = paged_attention_workspace_bytes(splits, tq, c.h, c.d);
+  ASSERT_GE(ws_bytes, static_cast<size_t>(n_lse * 4));
+  Dev ws(ws_bytes, 0xFF);
+  Dev dop(splits * n_out * 4, 0xFF), dlp(splits * n_lse * 4, 0xFF);
+  Dev dco(n_out * 2, 0xFF), dcl(n_lse * 4, 0xFF);
+  ASSERT_TRUE(dpool.ok() && dglob.ok() && dbt.ok() && dsl.ok() && dcu.ok() && dq.ok() &&
+              dout.ok() && dlse.ok() && ws.ok() && dop.ok() && dlp.ok() && dco.ok() && dcl.ok());
+  const PagedKvCache dcache = cache.views(dpool.get(), reinterpret_cast<float*>(dglob.get()));
+  PagedAttentionOptions opt;
+  opt.causal = c.causal;
+  PagedAttentionCudaOptions copt;
+  copt.num_splits = c.splits;
+  copt.workspace = ws.get();
+  copt.workspace_bytes = ws_bytes;
+  if (c.host_copies) {
+    copt.block_tables_host = make_view(bt.data(), DType::kI32, {b, cache.max_pages});
+    copt.seq_lens_host = make_view(sl.data(), DType::kI32, {b});
+    if (c.varlen) copt.cu_seqlens_q_host = make_view(cu.data(), DType::kI32, {b + 1});
+  }
+  const TensorView dq_v = q_view(c, x, dq.get());
+  const TensorView dcu_v = c.varlen ? make_view(dcu.get(), DType::kI32, {b + 1}) : TensorView{};
+  const TensorView dbt_v = make_view(dbt.get(), DType::kI32, {b, cache.max_pages});
+  const TensorView dsl_v = make_view(dsl.get(), DType::kI32, {b});
+  const TensorView do_v = c.varlen ? make_view(dout.get(), DType::kBF16, {tq, c.h, c.d})
+                                   : make_view(dout.get(), DType::kBF16, {b, c.s_q, c.h, c.d});
+  const TensorView dl_v = lse_view(c, x, dlse.get(), DType::kF32);
+
+  std::vector<uint16_t> o_first;
+  std::vector<uint32_t> l_first;
+  for (int run = 0; run < 3; ++run) {
+    SCOPED_TRACE("launch " + std::to_string(run));
+    copt.workspace_is_clean = run > 0;
+    CUDA_OK(cudaMemset(dout.get(), 0xFF, n_out * 2));
+    CUDA_OK(cudaMemset(dlse.get(), 0xFF, n_lse * 4));
+    const Status st =
+        paged_attention_cuda(dq_v, dcu_v, dcache, dbt_v, dsl_v, opt, do_v, dl_v, copt, nullptr);
+    ASSERT_TRUE(st.ok()) << st.message();
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaGetLastError());
+    if (fused) {
+      const std::vector<uint8_t> wsb = ws.download<uint8_t>();
+      int64_t dirty = 0;
+      for (size_t i = ws_bytes - n_lse * 4; i < ws_bytes; ++i) dirty += wsb[i] != 0;
+      EXPECT_EQ(dirty, 0) << "counter bytes left non-zero";
+    }
+    const std::vector<uint16_t> o = dout.download<uint16_t>();
+    const std::vector<uint32_t> l = dlse.download<uint32_t>();
+    if (run == 0) {
+      o_first = o;
+      l_first = l;
+    } else {
+      EXPECT_TRUE(o == o_first) << "o differs from the first launch";
+      EXPECT_TRUE(l == l_first) << "lse differs from the first launch";
+    }
+  }
+
+  // The two-kernel path on the same plan.
+  Status st = paged_attention_partials_cuda(
+      dq_v, dcu_v, dcache, dbt_v, dsl_v, opt, split_size,
+      make_view(dop.get(), DType::kF32, {splits, tq, c.h, c.d}),
+      make_view(dlp.get(), DType::kF32, {splits, tq, c.h}), copt, nullptr);
+  ASSERT_TRUE(st.ok()) << st.message();
+  st = combine_attention_partials_cuda(make_view(dop.get(), DType::kF32, {splits, tq, c.h, c.d}),
+                                       make_view(dlp.get(), DType::kF32, {splits, tq, c.h}),
+                                       make_view(dco.get(), DType::kBF16, {tq, c.h, c.d}),
+                                       make_view(dcl.get(), DType::kF32, {c.h, tq}), nullptr);
+  ASSERT_TRUE(st.ok()) << st.message();
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaGetLastError());
+  const std::vector<uint16_t> co = dco.download<uint16_t>();
+  const std::vector<uint32_t> cl = dcl.download<uint32_t>();
+  int64_t diff = 0, diff_lse = 0;
+  for (int64_t i = 0; i < n_out; ++i) {
+    if (co[i] != o_first[i] && diff++ < 5) {
+      ADD_FAILURE() << "o[" << i << "]: fused 0x" << std::hex << o_first[i] << ", two kernels 0x"
+                    << co[i] << std::dec;
+    }
+  }
+  for (int64_t r = 0; r < tq; ++r) {
+    for (int64_t hq = 0; hq < c.h; ++hq) {
+      const uint32_t f = l_first[lse_index(c, x, r, hq)], t = cl[hq * tq + r];
+      if (f != t && diff_lse++ < 5) {
+        ADD_FAILURE() << "lse[row " << r << ", head " << hq << "]: fused 0x" << std::hex << f
+                      << ", two kernels 0x" << t << std::dec;
+      }
+    }
+  }
+  EXPECT_EQ(diff, 0) << "o elements that differ from the two-kernel path";
+  EXPECT_EQ(diff_lse, 0) << "lse elements that differ from the two-kernel path";
+  if (::testing::Test::HasFailure()) return;
+  check_config(c);
+}
+
+// b = 1 and a long sequence (the point the fusion is for) with forced splits from 2 to 100 and
+// the heuristic (a partial last split everywhere: 20000 is no multiple of the split sizes).
+TEST(PagedDecodeGpu, FusedCombineManySplitsMatchesTwoKernels) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 3100;
+  for (KvCacheFormat f : {KvCacheFormat::kNvfp4, KvCacheFormat::kFp8}) {
+    for (int splits : {0, 2, 3, 17, 64, 100}) {
+      Config c;
+      c.format = f;
+      c.lens = {20000};
+      c.splits = splits;
+      c.seed = ++seed;
+      check_fused(c);
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
+// Batches with empty and one-key sequences (a group whose every split is empty: O = 0, LSE =
+// +inf), 16-row blocks (s_q 4 x group 4), d = 64, varlen with an empty sequence, and without host
+// copies (one row block in the grid: the last arriver merges every row block it looped over).
+TEST(PagedDecodeGpu, FusedCombineRaggedBatches) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 3200;
+  for (KvCacheFormat f : {KvCacheFormat::kNvfp4, KvCacheFormat::kFp8}) {
+    for (int splits : {0, 8, 40}) {
+      Config c;
+      c.format = f;
+      c.lens = {0, 1, 5000, 17, 2500};
+      c.splits = splits;
+      c.seed = ++seed;
+      check_fused(c);
+      if (::testing::Test::HasFailure()) return;
+    }
+    Config c;
+    c.format = f;
+    c.lens = {3000, 0, 1, 700};
+    c.s_q = 4;  // 16 rows per kv head: the 16-row kernel
+    c.splits = 6;
+    c.seed = ++seed;
+    check_fused(c);
+    c.d = 64;
+    c.splits = 9;
+    c.seed = ++seed;
+    check_fused(c);
+    c.d = 128;
+    c.varlen = true;  // 4, 3, 2, 1 queries per sequence
+    c.lens = {3000, 0, 1, 700, 40};
+    c.splits = 7;
+    c.seed = ++seed;
+    check_fused(c);
+    c.host_copies = false;
+    c.h = 32;
+    c.h_kv = 4;  // group 8 x 4 tokens: two row blocks, looped by one CTA
+    c.splits = 5;
+    c.seed = ++seed;
+    check_fused(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// More splits than the fused combine keeps in shared memory (kFusedMaxSplits: 550 for FP8 d = 128,
+// 8 rows): the combine kernel runs after the decode kernel, with the same bits.
+TEST(PagedDecodeGpu, FusedCombineFallsBackBeyondItsSplits) {
+  SKIP_WITHOUT_GPU();
+  Config c;
+  c.format = KvCacheFormat::kFp8;
+  c.h = 8;
+  c.h_kv = 2;
+  c.lens = {36000, 100};
+  c.splits = 1000;  // 64-key splits: 563 of them
+  c.seed = 3300;
+  check_fused(c, /*fused=*/false);
+}
+
 // Without host copies a bad page id or length is not caught before the launch: the kernel must
 // not read it and must make that sequence's rows NaN (the other sequences are untouched).
 TEST(PagedDecodeGpu, UncheckedBadIndicesGiveNanRowsNotReads) {
@@ -910,6 +1123,19 @@ TEST(PagedDecodeGpu, BadInputIsRejectedBeforeAnyLaunch) {
   EXPECT_EQ(n, 2);
   paged_attention_split_plan(64, 8, 1, 32768, 0, &n, &size, 4);
   EXPECT_EQ(n, 1);
+  // b = 1 fills the machine's 528 slots with the fused combine's cheap splits (7.12).
+  paged_attention_split_plan(1, 8, 1, 32768, 0, &n, &size, 4);
+  EXPECT_EQ(n, 64);
+  EXPECT_EQ(size, 512);
+  paged_attention_split_plan(1, 8, 1, 8192, 0, &n, &size, 4);
+  EXPECT_EQ(n, 32);
+  EXPECT_EQ(size, 256);
+  paged_attention_split_plan(1, 8, 1, 1024, 0, &n, &size, 4);
+  EXPECT_EQ(n, 4);
+  // The workspace: partials (each part 256-byte aligned), then one counter per (row, head), last.
+  EXPECT_EQ(paged_attention_workspace_bytes(1, 5, 32, 128), 0u);
+  EXPECT_EQ(paged_attention_workspace_bytes(3, 5, 32, 128),
+            size_t{3 * 5 * 32 * 128 * 4} + size_t{(3 * 5 * 32 * 4 + 255) / 256 * 256} + 5 * 32 * 4);
   if (::fp4attn::testing::have_gpu()) {
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);

@@ -1,7 +1,8 @@
 // paged_attention_cuda and friends (paged_attention_cuda.h): the host checks (validate_paged.h,
 // then what the kernels need of the device views), the split plan, and the launches on the
-// caller's stream: the decode kernel (decode_kernel.cuh) alone, or in split mode followed by the
-// combine kernel. Nothing synchronizes.
+// caller's stream: the decode kernel (decode_kernel.cuh) alone; in split mode the same kernel
+// merges the splits (its fused combine, after a memset of the counters unless the workspace is
+// known clean), or, beyond kFusedMaxSplits, the combine kernel follows it. Nothing synchronizes.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,19 +23,20 @@ using paged::CombineParams;
 using paged::DecodeParams;
 using paged::DecodeSide;
 
-// The split plan's model (docs/kernels/decode.md 7.9): CTAs of one launch run in waves of
-// kSms * ctas_per_sm resident CTAs (ctas_per_sm: the kernel's __launch_bounds__ minimum, which its
-// registers allow; shared memory allows more), each CTA costs kCtaFixedKeys key-equivalents
-// (Q staging, the first tile's memory latency, the merge and the partial write: ~2.5 us against
-// ~10-25 ns per key and CTA measured at b = 32) plus its split's keys, and a split launch adds the
-// combine: kCombineKeys (its launch and first round trips) + kCombineKeysPerSplit per split (one
-// L2 load per split and channel, 16 in flight per thread), so a plan of n splits costs
+// The split plan's model (docs/kernels/decode.md 7.9, constants 7.12): CTAs of one launch run in
+// waves of kSms * ctas_per_sm resident CTAs (ctas_per_sm: the kernel's __launch_bounds__ minimum,
+// which its registers allow; shared memory allows more), each CTA costs kCtaFixedKeys
+// key-equivalents (its prologue's dependent round trips, the merge and the partial write) plus
+// its split's keys, and a split adds the fused combine on the last arriving CTA of each group:
+// kCombineKeys (the arrival's fence and atomic, the LSE load, the folds) + kCombineKeysPerSplit
+// per split (one L2 round trip per 16 splits), so a plan of n splits costs
 // ceil(pairs * n / slots) * (kCtaFixedKeys + split_size) + [n > 1] (kCombineKeys +
 // n * kCombineKeysPerSplit); the cheapest n wins, fewer on a tie. (Key-equivalents: ~29 ns per
-// key and CTA at 4 CTAs/SM, the b = 32 fit of 7.10.)
+// key and CTA at 4 CTAs/SM, the b = 32 fit of 7.11. The fixed terms are estimates from the
+// code, unverified: 7.12.)
 constexpr int64_t kSms = 132;  // H200
-constexpr int64_t kCtaFixedKeys = 256;
-constexpr int64_t kCombineKeys = 96;
+constexpr int64_t kCtaFixedKeys = 224;
+constexpr int64_t kCombineKeys = 64;
 constexpr int64_t kCombineKeysPerSplit = 2;
 constexpr int64_t kMinSplitKeys = 256;
 constexpr int64_t kSplitAlign = 64;
@@ -245,6 +247,22 @@ void launch_combine(const CombineParams& c, cudaStream_t stream) {
 
 bool empty_problem(const Plan& plan) { return plan.qs.b == 0 || plan.qs.total_q == 0; }
 
+// The most splits the decode kernel that runs can merge itself (kFusedMaxSplits); beyond, the
+// combine kernel runs after it.
+int fused_max_splits(const Plan& plan, bool fp4) {
+  const bool t = plan.transposed;
+  if (plan.kv.head_dim == 128) {
+    return fp4 ? (t ? paged::kFusedMaxSplits<128, true, true>
+                    : paged::kFusedMaxSplits<128, false, true>)
+               : (t ? paged::kFusedMaxSplits<128, true, false>
+                    : paged::kFusedMaxSplits<128, false, false>);
+  }
+  return fp4 ? (t ? paged::kFusedMaxSplits<64, true, true>
+                  : paged::kFusedMaxSplits<64, false, true>)
+             : (t ? paged::kFusedMaxSplits<64, true, false>
+                  : paged::kFusedMaxSplits<64, false, false>);
+}
+
 }  // namespace
 
 int paged_decode_ctas_per_sm(int64_t head_dim, bool nvfp4, int64_t rows_per_kv_head) {
@@ -288,10 +306,17 @@ void paged_attention_split_plan(int64_t b, int64_t kv_heads, int64_t row_blocks,
   *num_splits = ceil_div(max_len, size);
 }
 
+namespace {
+size_t round256(size_t n) { return (n + 255) / 256 * 256; }
+}  // namespace
+
+// Layout: O partials, LSE partials, the fused combine's counters (one int per (row, head) item),
+// each 256-byte aligned.
 size_t paged_attention_workspace_bytes(int64_t num_splits, int64_t total_q, int64_t h, int64_t d) {
   if (num_splits <= 1) return 0;
   const size_t o_bytes = sizeof(float) * num_splits * total_q * h * d;
-  return ((o_bytes + 255) / 256) * 256 + sizeof(float) * num_splits * total_q * h;
+  const size_t l_bytes = sizeof(float) * num_splits * total_q * h;
+  return round256(o_bytes) + round256(l_bytes) + sizeof(int32_t) * total_q * h;
 }
 
 Status paged_attention_cuda(const TensorView& q, const TensorView& cu_seqlens_q,
@@ -354,34 +379,53 @@ Status paged_attention_cuda(const TensorView& q, const TensorView& cu_seqlens_q,
     owned = true;
   }
   p.write_partials = true;
+  const size_t o_bytes = round256(sizeof(float) * splits * tq * h * d);
   p.o_part = static_cast<float*>(ws);
-  p.lse_part = reinterpret_cast<float*>(static_cast<uint8_t*>(ws) +
-                                        ((sizeof(float) * splits * tq * h * d + 255) / 256) * 256);
-  launch_decode(plan, p, fp4, stream);
-  Status st = cuda_status(cudaGetLastError(), "decode launch");
+  p.lse_part = reinterpret_cast<float*>(static_cast<uint8_t*>(ws) + o_bytes);
+  int32_t* counters = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(ws) + o_bytes +
+                                                 round256(sizeof(float) * splits * tq * h));
+  CombineParams c{};
+  c.o_part = p.o_part;
+  c.op_s[0] = tq * h * d;
+  c.op_s[1] = h * d;
+  c.op_s[2] = d;
+  c.lse_part = p.lse_part;
+  c.lp_s[0] = tq * h;
+  c.lp_s[1] = h;
+  c.lp_s[2] = 1;
+  c.splits = static_cast<int32_t>(splits);
+  c.h = static_cast<int32_t>(h);
+  c.d = static_cast<int32_t>(d);
+  c.total_q = tq;
+  c.s_q = varlen ? 0 : static_cast<int32_t>(plan.qs.s_q);
+  c.o = p.o;
+  c.o_sb = p.o_sb;
+  c.o_si = p.o_si;
+  c.o_sh = p.o_sh;
+  c.lse = p.lse;
+  c.l_sb = p.l_sb;
+  c.l_si = p.l_si;
+  c.l_sh = p.l_sh;
+  // Fused (7.12): the last CTA of each group merges it, one launch. The counters must be zero at
+  // the start: a launch that completes leaves them zero; one that faults leaves the context
+  // unusable (a sticky error), so no later launch can see them dirty. A fresh or foreign
+  // workspace is zeroed here unless the caller says it holds only our zeros
+  // (copt.workspace_is_clean).
+  Status st = Status::Ok();
+  const bool fused = splits <= fused_max_splits(plan, fp4);
+  if (fused) {
+    p.counters = counters;
+    p.comb = c;
+    if (owned || !copt.workspace_is_clean) {
+      st = cuda_status(cudaMemsetAsync(counters, 0, sizeof(int32_t) * tq * h, stream),
+                       "cudaMemsetAsync");
+    }
+  }
   if (st.ok()) {
-    CombineParams c{};
-    c.o_part = p.o_part;
-    c.op_s[0] = tq * h * d;
-    c.op_s[1] = h * d;
-    c.op_s[2] = d;
-    c.lse_part = p.lse_part;
-    c.lp_s[0] = tq * h;
-    c.lp_s[1] = h;
-    c.lp_s[2] = 1;
-    c.splits = static_cast<int32_t>(splits);
-    c.h = static_cast<int32_t>(h);
-    c.d = static_cast<int32_t>(d);
-    c.total_q = tq;
-    c.s_q = varlen ? 0 : static_cast<int32_t>(plan.qs.s_q);
-    c.o = p.o;
-    c.o_sb = p.o_sb;
-    c.o_si = p.o_si;
-    c.o_sh = p.o_sh;
-    c.lse = p.lse;
-    c.l_sb = p.l_sb;
-    c.l_si = p.l_si;
-    c.l_sh = p.l_sh;
+    launch_decode(plan, p, fp4, stream);
+    st = cuda_status(cudaGetLastError(), "decode launch");
+  }
+  if (st.ok() && !fused) {
     launch_combine(c, stream);
     st = cuda_status(cudaGetLastError(), "combine launch");
   }

@@ -58,6 +58,22 @@ struct DecodeSide {
   const float* global;  // s_enc (NVFP4) or the decode scale (FP8), device memory
 };
 
+// The split combine's view of the partials and the outputs (combine_partials_kernel, and the
+// decode kernel's fused combine).
+struct CombineParams {
+  const float* o_part;
+  int64_t op_s[3];  // elements: split, row, head (last dim contiguous)
+  const float* lse_part;
+  int64_t lp_s[3];
+  int32_t splits, h, d;
+  int64_t total_q;
+  int32_t s_q;  // > 0: output row r is (r / s_q, r % s_q) of a rank-4 o/lse; 0: rank 3 / 2
+  uint16_t* o;  // BF16
+  int64_t o_sb, o_si, o_sh;
+  float* lse;  // optional
+  int64_t l_sb, l_si, l_sh;
+};
+
 struct DecodeParams {
   const uint16_t* q;         // BF16 bits
   int64_t q_sb, q_si, q_sh;  // elements: rank 4 (batch, token, head); varlen (row, -, head)
@@ -88,6 +104,12 @@ struct DecodeParams {
   float* o_part;
   float* lse_part;
   bool write_partials;
+  // Fused combine (write_partials and counters set): the last CTA of each (sequence, kv head,
+  // row block) group to finish its split merges the group's partials (comb) into o / lse.
+  // counters: one int per (row, head) item, indexed by the group's first item; zero before the
+  // launch, and left zero by it (each group's last arriver resets its counter).
+  int32_t* counters;
+  CombineParams comb;
 };
 
 // ---- small device helpers
@@ -893,6 +915,114 @@ constexpr size_t decode_smem_bytes() {
   return merge > ring ? merge : ring;
 }
 
+// ---- fused split combine (decode.md 7.12) -------------------------------------------------------
+// The splits a fused launch may have: the last arriver keeps a row block's LSEs (then weights),
+// maxima and sums in the kernel's shared memory, kRows x (splits + 2) floats.
+template <int D, bool kT, bool kFp4>
+constexpr int kFusedMaxSplits =
+    static_cast<int>(decode_smem_bytes<D, kT, kFp4>() / sizeof(float) / kBlockRows<kT> - 2);
+
+// The combine of one row block's items (rows (row, head) pairs: row m0 + j of the (sequence,
+// kv head) group) by the whole CTA. Per item and channel it is combine_partials_kernel's
+// arithmetic in its order, so that the bits equal the two-kernel path's: the max folded in split
+// order by the golden's rule, w_s = expf(lse_s - m), their sum in split order, each channel's sum
+// of w_s O_s in split order (one FMA per split), acc / sum rounded to BF16, m + logf(sum). Only
+// the spreading differs: every item's LSEs come in one parallel load, and a thread owns 4
+// channels of one item (float4 loads, 16 splits in flight). The partials were written by other
+// CTAs of this launch: L2 loads (.cg), never L1.
+template <int D, bool kT>
+__device__ __forceinline__ void fused_combine_rows(const CombineParams& c, int64_t q_begin, int hk,
+                                                   int group, int m0, int rows, float* smem) {
+  const int S = c.splits;
+  float* s_w = smem;            // [rows][S]: LSEs, then weights
+  float* s_m = s_w + rows * S;  // [rows]
+  float* s_sum = s_m + rows;    // [rows]
+  auto row_of = [&](int j) { return q_begin + (m0 + j) / group; };
+  auto head_of = [&](int j) { return hk * group + (m0 + j) % group; };
+  __syncthreads();  // the shared memory's previous use (merge, Q, an earlier row block) is over
+  for (int idx = threadIdx.x; idx < rows * S; idx += kDecodeThreads) {
+    const int j = idx / S, s = idx - j * S;
+    s_w[idx] = __ldcg(c.lse_part + s * c.lp_s[0] + row_of(j) * c.lp_s[1] + head_of(j) * c.lp_s[2]);
+  }
+  __syncthreads();
+  if (threadIdx.x < rows) {
+    const float* w = s_w + threadIdx.x * S;
+    float m = -INFINITY;
+#pragma unroll 8
+    for (int s = 0; s < S; ++s) {
+      const float x = w[s];
+      if (!(x <= m)) m = x;  // takes a NaN
+    }
+    s_m[threadIdx.x] = m;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < rows * S; idx += kDecodeThreads) {
+    const float m = s_m[idx / S];
+    if (m != -INFINITY) s_w[idx] = expf(s_w[idx] - m);
+  }
+  __syncthreads();
+  if (threadIdx.x < rows) {
+    const float* w = s_w + threadIdx.x * S;
+    float sum = 0.f;
+    if (s_m[threadIdx.x] != -INFINITY) {
+#pragma unroll 8
+      for (int s = 0; s < S; ++s) sum += w[s];
+    }
+    s_sum[threadIdx.x] = sum;
+  }
+  __syncthreads();
+  constexpr int kQuads = D / 4;
+  for (int idx = threadIdx.x; idx < rows * kQuads; idx += kDecodeThreads) {
+    const int j = idx / kQuads, c4 = 4 * (idx - j * kQuads);
+    const int64_t r = row_of(j);
+    const int hq = head_of(j);
+    const int64_t bi = c.s_q > 0 ? r / c.s_q : r, i = c.s_q > 0 ? r % c.s_q : 0;
+    uint16_t* out = c.o + bi * c.o_sb + i * c.o_si + hq * c.o_sh + c4;
+    const float m = s_m[j];
+    if (m == -INFINITY) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) out[k] = 0;
+      continue;
+    }
+    const float sum = s_sum[j];
+    const float* w = s_w + j * S;
+    const float* o_row = c.o_part + r * c.op_s[1] + hq * c.op_s[2] + c4;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    // 16 splits' loads issued before their FMAs. The last chunk's loads past S re-read split
+    // S - 1 and are not used: unpredicated loads stay in flight together (predicated ones ran
+    // out of predicate registers and went in groups of 2-7).
+    for (int s0 = 0; s0 < S; s0 += 16) {
+      float4 v[16];
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        v[k] = __ldcg(reinterpret_cast<const float4*>(o_row + min(s0 + k, S - 1) * c.op_s[0]));
+      }
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        if (s0 + k < S) {
+          const float ws = w[s0 + k];
+          acc[0] += ws * v[k].x;
+          acc[1] += ws * v[k].y;
+          acc[2] += ws * v[k].z;
+          acc[3] += ws * v[k].w;
+        }
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const __nv_bfloat16 h = __float2bfloat16_rn(acc[k] / sum);
+      out[k] = *reinterpret_cast<const uint16_t*>(&h);
+    }
+  }
+  if (threadIdx.x < rows && c.lse != nullptr) {
+    const int64_t r = row_of(threadIdx.x);
+    const int64_t bi = c.s_q > 0 ? r / c.s_q : r, i = c.s_q > 0 ? r % c.s_q : 0;
+    const float m = s_m[threadIdx.x];
+    c.lse[bi * c.l_sb + i * c.l_si + head_of(threadIdx.x) * c.l_sh] =
+        m == -INFINITY ? INFINITY : m + logf(s_sum[threadIdx.x]);
+  }
+}
+
 // kT: the transposed form (7.8), for row blocks of <= 8 rows; the host picks it when every
 // sequence's rows per kv head fit (decode.cu).
 template <int D, bool kFp4, bool kT = false>
@@ -901,10 +1031,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4, kT>)
   constexpr int kRows = kBlockRows<kT>;
   extern __shared__ float4 smem_f4[];
   constexpr int RS = kORowStride<D>;
-  float* s_o = reinterpret_cast<float*>(smem_f4);        // [warps][kRows][RS]
-  float* s_m = s_o + kDecodeWarps * kRows * RS;          // [warps][kRows]
-  float* s_l = s_m + kDecodeWarps * kRows;               // [warps][kRows]
-  uint16_t* s_q = reinterpret_cast<uint16_t*>(smem_f4);  // [kRows][D] BF16, before the main loop
+  float* s_o = reinterpret_cast<float*>(smem_f4);  // [warps][kRows][RS]
+  float* s_m = s_o + kDecodeWarps * kRows * RS;    // [warps][kRows]
+  float* s_l = s_m + kDecodeWarps * kRows;         // [warps][kRows]
 
   const int split = blockIdx.x;
   const int hk = blockIdx.y / p.row_blocks, rb_first = blockIdx.y % p.row_blocks;
@@ -946,35 +1075,38 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4, kT>)
     };
     const int kend = visible_end(m0 + rows - 1);
 
-    // Q rows into shared memory (BF16, true channel order; padding rows zero).
+    // The previous row block's merge has read the shared memory the rings reuse.
     __syncthreads();
-    for (int idx = threadIdx.x; idx < kRows * D; idx += kDecodeThreads) {
-      const int r = idx / D, c = idx % D;
-      uint16_t x = 0;
-      if (r < rows) {
-        const int m = m0 + r, i = m / group, hq = hk * group + m % group;
-        const int64_t off =
-            (p.s_q > 0 ? b * p.q_sb + i * p.q_si : (q_begin + i) * p.q_sb) + hq * p.q_sh + c;
-        x = p.q[off];
-      }
-      s_q[idx] = x;
-    }
-    __syncthreads();
+    // Q fragments straight from global memory (true channel order to the kernel's; padding rows
+    // zero), issued after the first tiles' page-id and data loads so that the latencies overlap
+    // (7.12; the shared-memory staging before the loads cost a round trip and three barriers).
     // 16-row form: A fragments (rows g, g + 8); transposed: B fragments (row g).
     constexpr int kQRegs = kT ? 2 : 4;
     uint32_t qa[D / 16][kQRegs];
+    auto load_q = [&]() {
+      const uint16_t* qrow[2];
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-#pragma unroll
-      for (int reg = 0; reg < kQRegs; ++reg) {
-        const int row = kT ? g : g + 8 * (reg & 1);
-        const int kk = kT ? qt_b_kidx(t, reg) : 2 * t + 8 * (reg >> 1);
-        const int c0 = kFp4 ? phys_k_nvfp4<D>(ks, kk) : phys_k_fp8<D>(ks, kk);
-        const int c1 = kFp4 ? phys_k_nvfp4<D>(ks, kk + 1) : phys_k_fp8<D>(ks, kk + 1);
-        qa[ks][reg] = uint32_t(s_q[row * D + c0]) | uint32_t(s_q[row * D + c1]) << 16;
+      for (int rr = 0; rr < 2; ++rr) {
+        const int m = m0 + g + 8 * rr, i = m / group, hq = hk * group + m % group;
+        qrow[rr] =
+            p.q + (p.s_q > 0 ? b * p.q_sb + i * p.q_si : (q_begin + i) * p.q_sb) + hq * p.q_sh;
       }
-    }
-    __syncthreads();  // s_q is overwritten by the epilogue
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+#pragma unroll
+        for (int reg = 0; reg < kQRegs; ++reg) {
+          const int rr = kT ? 0 : (reg & 1);
+          const int kk = kT ? qt_b_kidx(t, reg) : 2 * t + 8 * (reg >> 1);
+          const int c0 = kFp4 ? phys_k_nvfp4<D>(ks, kk) : phys_k_fp8<D>(ks, kk);
+          const int c1 = kFp4 ? phys_k_nvfp4<D>(ks, kk + 1) : phys_k_fp8<D>(ks, kk + 1);
+          uint32_t x = 0;
+          if (g + 8 * rr < rows) {
+            x = uint32_t(__ldg(qrow[rr] + c0)) | uint32_t(__ldg(qrow[rr] + c1)) << 16;
+          }
+          qa[ks][reg] = x;
+        }
+      }
+    };
 
     // The lane's two rows: g, g + 8 (16-row form) or 2t, 2t + 1 (transposed).
     int vis[2];
@@ -1015,6 +1147,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4, kT>)
         cp_async_commit();  // (an empty group for a missing tile keeps the wait count right)
         kt_in += kStride;
       }
+      load_q();
       int32_t page_next = pg[kRingStages - 1];  // the page ids run one tile ahead of the copies
       // Byte offsets of the stage to read and of the stage to refill (the one read in the
       // previous iteration; the __syncwarp at the end of an iteration ordered those reads).
@@ -1047,6 +1180,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4, kT>)
       RawTile<D, kFp4> ra, rbuf;
       if (kt < kend)
         load_tile<D, kFp4>(p, b, hk, kt, kend, tile_page(p, b, kt, kend), g, t, ra, &bad);
+      load_q();
       int32_t page_next = tile_page(p, b, kt + kStride, kend);
       while (kt < kend) {
         int32_t page_after = tile_page(p, b, kt + 2 * kStride, kend);
@@ -1180,23 +1314,36 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4, kT>)
       }
     }
   }
+
+  if (p.counters != nullptr) {
+    // Fused combine (7.12): the group's counter is its first item's; a group without items
+    // (no query rows) has nothing to merge. Uniform over the CTA.
+    const int m_first = rb_first * kRows;
+    if (m_first >= rows_total) return;
+    // Arrive once this CTA's partials are visible device-wide: every thread's fence, then the
+    // barrier, then one atomic (the last-arriver pattern).
+    __threadfence();
+    __syncthreads();
+    bool last = false;
+    if (threadIdx.x == 0) {
+      int32_t* ctr = p.counters + (q_begin + m_first / group) * p.h + hk * group + m_first % group;
+      last = atomicAdd(ctr, 1) == p.num_splits - 1;
+      if (last) {
+        atomicExch(ctr, 0);  // every other split has arrived: the next launch finds it zero
+        __threadfence();     // the other CTAs' partials are read after their arrivals
+      }
+    }
+    if (!__syncthreads_or(last)) return;
+    // The merge's order is the split order, whichever CTA arrives last: deterministic.
+    for (int rb = rb_first; rb < num_rb; rb += p.row_blocks) {
+      const int m0 = rb * kRows;
+      fused_combine_rows<D, kT>(p.comb, q_begin, hk, group, m0, min(kRows, rows_total - m0),
+                                reinterpret_cast<float*>(smem_f4));
+    }
+  }
 }
 
 // ---- split combine ------------------------------------------------------------------------------
-
-struct CombineParams {
-  const float* o_part;
-  int64_t op_s[3];  // elements: split, row, head (last dim contiguous)
-  const float* lse_part;
-  int64_t lp_s[3];
-  int32_t splits, h, d;
-  int64_t total_q;
-  int32_t s_q;  // > 0: output row r is (r / s_q, r % s_q) of a rank-4 o/lse; 0: rank 3 / 2
-  uint16_t* o;  // BF16
-  int64_t o_sb, o_si, o_sh;
-  float* lse;  // optional
-  int64_t l_sb, l_si, l_sh;
-};
 
 // One CTA per (row, head) item (grid-stride), the float64 combine's math in FP32 with its order
 // of operations, so that its bits do not depend on how the work is spread: the max by the
@@ -1246,8 +1393,16 @@ __global__ void __launch_bounds__(kCombineThreads) combine_partials_kernel(const
     for (int s = 0; s < p.splits; ++s) sum += w_at(s);
     for (int c = threadIdx.x; c < p.d; c += kCombineThreads) {
       float acc = 0.f;
+      if (p.splits <= kCombineSmemSplits) {
+        // Every weight in shared memory: no branch per split, so the unrolled loads are all in
+        // flight together (with w_at's branch ptxas issued each load right before its FMA: one
+        // L2 round trip per split, ~0.4 us, 7.12). The same operations in the same order.
 #pragma unroll 16
-      for (int s = 0; s < p.splits; ++s) acc += w_at(s) * o_row[s * p.op_s[0] + c];
+        for (int s = 0; s < p.splits; ++s) acc += s_w[s] * o_row[s * p.op_s[0] + c];
+      } else {
+#pragma unroll 16
+        for (int s = 0; s < p.splits; ++s) acc += w_at(s) * o_row[s * p.op_s[0] + c];
+      }
       const __nv_bfloat16 h = __float2bfloat16_rn(acc / sum);
       out[c] = *reinterpret_cast<const uint16_t*>(&h);
     }
