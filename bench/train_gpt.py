@@ -115,6 +115,9 @@ def emu_mxfp4_pv_attention(q, k, v):
 # ---- model -----------------------------------------------------------------------------------
 
 
+D_SOURCE = {"value": "forward-o"}  # --d-source: the O of the backward's D = rowsum(dO * O)
+
+
 def attention(q, k, v, backend: str):
     if backend == "sdpa":
         o = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True)
@@ -123,7 +126,7 @@ def attention(q, k, v, backend: str):
         return emu_mxfp4_pv_attention(q, k, v)
     import fp4attn
 
-    return fp4attn.attn_func(q, k, v, causal=True, recipe=backend)
+    return fp4attn.attn_func(q, k, v, causal=True, recipe=backend, d_source=D_SOURCE["value"])
 
 
 class Block(torch.nn.Module):
@@ -183,15 +186,15 @@ def train_one(backend, args, train, held, device, dtype):
         model.train()
         return sum(losses) / len(losses)
 
-    curve, held_curve, diverged, out_of_time = [], [], False, False
-    window = []
+    curve, held_curve, grad_norms, diverged, out_of_time = [], [], [], False, False
+    window, window_gn = [], []
     t0 = time.perf_counter()
     for step in range(1, args.steps + 1):
         x, y = batch(train, args.batch, args.seq, gen, device)
         loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        window_gn.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item())
         opt.step()
         sched.step()
         window.append(loss.item())
@@ -201,11 +204,13 @@ def train_one(backend, args, train, held, device, dtype):
             break
         if step % args.log_every == 0 or step == args.steps:
             curve.append([step, sum(window) / len(window)])
-            window = []
+            grad_norms.append([step, max(window_gn)])  # the largest pre-clip norm of the window
+            window, window_gn = [], []
         out_of_time = args.max_minutes > 0 and time.perf_counter() - t0 > 60 * args.max_minutes
         if out_of_time and window:
             curve.append([step, sum(window) / len(window)])
-            window = []
+            grad_norms.append([step, max(window_gn)])
+            window, window_gn = [], []
         if step % args.eval_every == 0 or step == args.steps or out_of_time:
             held_curve.append([step, held_out_loss()])
             print(f"  {backend:14s} step {step:6d} train {curve[-1][1]:.4f} "
@@ -223,6 +228,7 @@ def train_one(backend, args, train, held, device, dtype):
         "stopped_by_time": out_of_time,
         "curve": curve,
         "held_out_curve": held_curve,
+        "max_grad_norm_curve": grad_norms,
         "final_train_loss": finite[-1] if finite and not diverged else None,
         "final_held_out_loss": held_curve[-1][1] if held_curve and not diverged else None,
         "seconds": round(seconds, 2),
@@ -283,6 +289,8 @@ def main(argv=None):
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--eval-batches", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--d-source", default="forward-o", choices=["forward-o", "high-precision-o"],
+                    help="fp4attn backends: the O of the backward's D (docs/numerics.md §8)")
     ap.add_argument("--max-minutes", type=float, default=0,
                     help="stop each run after this long (0: no limit); its steps_run says where")
     ap.add_argument("--corpus", default=None, help="directory of .py files (default: the stdlib)")
@@ -293,6 +301,7 @@ def main(argv=None):
     if args.d_model % args.heads or args.d_model // args.heads not in (64, 128):
         ap.error("--d-model / --heads: the head dim must be 64 or 128")
 
+    D_SOURCE["value"] = args.d_source
     device = torch.device(args.device)
     # BF16 on the GPU (fp4attn's CUDA inputs); float32 on the CPU (the golden model's path).
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

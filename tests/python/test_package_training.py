@@ -53,6 +53,7 @@ def test_training_smoke_on_cpu(tmp_path):
         "sdpa", "nvfp4", "emu-mxfp4-pv"]
     for r in rec["runs"]:
         assert not r["diverged"] and r["steps_run"] == 2 and len(r["curve"]) == 2
+        assert len(r["max_grad_norm_curve"]) == 2 and r["max_grad_norm_curve"][0][1] > 0
         # Byte-level cross-entropy starts near ln 256.
         assert abs(r["curve"][0][1] - math.log(256)) < 0.5
     # Same seeds and batches: the backends differ only through the attention's numerics.
