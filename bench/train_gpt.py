@@ -27,7 +27,6 @@ import glob
 import json
 import math
 import os
-import subprocess
 import sys
 import sysconfig
 import time
@@ -35,6 +34,9 @@ import zlib
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers  # the bench scripts' shared helpers (git_revision)
 
 # ---- data ------------------------------------------------------------------------------------
 
@@ -56,7 +58,10 @@ def load_corpus(root: str | None, max_bytes: int):
             continue
         # 1 file in 20 is held out: a stable split that needs no state.
         (held if zlib.crc32(os.path.relpath(path, root).encode()) % 20 == 0 else train).extend(data)
-    as_tensor = lambda b: torch.frombuffer(bytes(b), dtype=torch.uint8).long()  # noqa: E731
+
+    def as_tensor(b):
+        return torch.frombuffer(bytes(b), dtype=torch.uint8).long()
+
     return as_tensor(train), as_tensor(held), root, len(files)
 
 
@@ -138,8 +143,10 @@ class Block(torch.nn.Module):
         self.proj = torch.nn.Linear(d_model, d_model)
         self.ln2 = torch.nn.LayerNorm(d_model)
         self.mlp = torch.nn.Sequential(
-            torch.nn.Linear(d_model, 4 * d_model), torch.nn.GELU(),
-            torch.nn.Linear(4 * d_model, d_model))
+            torch.nn.Linear(d_model, 4 * d_model),
+            torch.nn.GELU(),
+            torch.nn.Linear(4 * d_model, d_model),
+        )
 
     def forward(self, x):
         b, s, c = x.shape
@@ -172,7 +179,9 @@ def train_one(backend, args, train, held, device, dtype):
     model = GPT(args.layers, args.d_model, args.heads, args.seq, backend).to(device, dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min(1.0, (i + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * i / args.steps)))
+        opt,
+        lambda i: min(1.0, (i + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * i / args.steps)),
+    )
     gen = torch.Generator().manual_seed(args.seed + 1)  # same batches for every backend
     held_gen_seed = args.seed + 2
 
@@ -180,9 +189,12 @@ def train_one(backend, args, train, held, device, dtype):
         g = torch.Generator().manual_seed(held_gen_seed)  # the same held-out batches each time
         model.eval()
         with torch.no_grad():
-            losses = [F.cross_entropy(model(x).float().flatten(0, 1), y.flatten()).item()
-                      for x, y in (batch(held, args.batch, args.seq, g, device)
-                                   for _ in range(args.eval_batches))]
+            losses = [
+                F.cross_entropy(model(x).float().flatten(0, 1), y.flatten()).item()
+                for x, y in (
+                    batch(held, args.batch, args.seq, g, device) for _ in range(args.eval_batches)
+                )
+            ]
         model.train()
         return sum(losses) / len(losses)
 
@@ -194,7 +206,7 @@ def train_one(backend, args, train, held, device, dtype):
         loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        window_gn.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item())
+        window_gn.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
         opt.step()
         sched.step()
         window.append(loss.item())
@@ -204,17 +216,21 @@ def train_one(backend, args, train, held, device, dtype):
             break
         if step % args.log_every == 0 or step == args.steps:
             curve.append([step, sum(window) / len(window)])
-            grad_norms.append([step, max(window_gn)])  # the largest pre-clip norm of the window
+            # The largest pre-clip norm of the window, read once per window (one sync, not one a step).
+            grad_norms.append([step, torch.stack(window_gn).max().item()])
             window, window_gn = [], []
         out_of_time = args.max_minutes > 0 and time.perf_counter() - t0 > 60 * args.max_minutes
         if out_of_time and window:
             curve.append([step, sum(window) / len(window)])
-            grad_norms.append([step, max(window_gn)])
+            grad_norms.append([step, torch.stack(window_gn).max().item()])
             window, window_gn = [], []
         if step % args.eval_every == 0 or step == args.steps or out_of_time:
             held_curve.append([step, held_out_loss()])
-            print(f"  {backend:14s} step {step:6d} train {curve[-1][1]:.4f} "
-                  f"held-out {held_curve[-1][1]:.4f}", flush=True)
+            print(
+                f"  {backend:14s} step {step:6d} train {curve[-1][1]:.4f} "
+                f"held-out {held_curve[-1][1]:.4f}",
+                flush=True,
+            )
         if out_of_time:
             break
     if device.type == "cuda":
@@ -236,14 +252,6 @@ def train_one(backend, args, train, held, device, dtype):
     }
 
 
-def revision():
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short=12", "HEAD"], text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def plot(record, png):
     try:
         import matplotlib
@@ -256,15 +264,22 @@ def plot(record, png):
     fig, ax = plt.subplots(figsize=(8, 5))
     for run in record["runs"]:
         pts = [(s, c) for s, c in run["curve"] if c is not None]
-        line, = ax.plot(*zip(*pts), label=f"{run['backend']} train", lw=1)
+        (line,) = ax.plot(*zip(*pts), label=f"{run['backend']} train", lw=1)
         if run["held_out_curve"]:
-            ax.plot(*zip(*run["held_out_curve"]), "o--", color=line.get_color(), ms=3,
-                    label=f"{run['backend']} held-out")
+            ax.plot(
+                *zip(*run["held_out_curve"]),
+                "o--",
+                color=line.get_color(),
+                ms=3,
+                label=f"{run['backend']} held-out",
+            )
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats / byte)")
     c = record["config"]
-    ax.set_title(f"byte-level GPT {c['layers']}x{c['d_model']}, {c['heads']} heads, seq {c['seq']}"
-                 f" ({record['device']})")
+    ax.set_title(
+        f"byte-level GPT {c['layers']}x{c['d_model']}, {c['heads']} heads, seq {c['seq']}"
+        f" ({record['device']})"
+    )
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -289,10 +304,18 @@ def main(argv=None):
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--eval-batches", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--d-source", default="forward-o", choices=["forward-o", "high-precision-o"],
-                    help="fp4attn backends: the O of the backward's D (docs/numerics.md §8)")
-    ap.add_argument("--max-minutes", type=float, default=0,
-                    help="stop each run after this long (0: no limit); its steps_run says where")
+    ap.add_argument(
+        "--d-source",
+        default="forward-o",
+        choices=["forward-o", "high-precision-o"],
+        help="fp4attn backends: the O of the backward's D (docs/numerics.md §8)",
+    )
+    ap.add_argument(
+        "--max-minutes",
+        type=float,
+        default=0,
+        help="stop each run after this long (0: no limit); its steps_run says where",
+    )
     ap.add_argument("--corpus", default=None, help="directory of .py files (default: the stdlib)")
     ap.add_argument("--max-bytes", type=int, default=64 << 20)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -306,8 +329,11 @@ def main(argv=None):
     # BF16 on the GPU (fp4attn's CUDA inputs); float32 on the CPU (the golden model's path).
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     train, held, root, nfiles = load_corpus(args.corpus, args.max_bytes)
-    print(f"train_gpt: {nfiles} files under {root}: {train.numel()} train / {held.numel()} "
-          f"held-out bytes; {args.device}, {dtype}", flush=True)
+    print(
+        f"train_gpt: {nfiles} files under {root}: {train.numel()} train / {held.numel()} "
+        f"held-out bytes; {args.device}, {dtype}",
+        flush=True,
+    )
     runs = []
     for backend in args.backends.split(","):
         print(f"train_gpt: {backend}", flush=True)
@@ -315,26 +341,37 @@ def main(argv=None):
     base = next((r for r in runs if r["backend"] == "sdpa" and not r["diverged"]), None)
     for r in runs:
         if base and r["final_held_out_loss"] is not None:
-            r["held_out_gap_vs_sdpa"] = round(r["final_held_out_loss"] - base["final_held_out_loss"], 5)
+            r["held_out_gap_vs_sdpa"] = round(
+                r["final_held_out_loss"] - base["final_held_out_loss"], 5
+            )
             r["train_gap_vs_sdpa"] = round(r["final_train_loss"] - base["final_train_loss"], 5)
     record = {
         "suite": "training",
-        "revision": args.revision or revision(),
+        "revision": args.revision or peers.git_revision(),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": " ".join([os.path.basename(sys.argv[0])] + (argv if argv is not None else sys.argv[1:])),
+        "command": " ".join(
+            [os.path.basename(sys.argv[0])] + (argv if argv is not None else sys.argv[1:])
+        ),
         "software": {"torch": torch.__version__},
         "config": {k: v for k, v in vars(args).items() if k not in ("out", "png", "revision")}
-        | {"corpus_root": root, "corpus_files": nfiles, "train_bytes": int(train.numel()),
-           "held_out_bytes": int(held.numel()), "dtype": str(dtype).replace("torch.", "")},
+        | {
+            "corpus_root": root,
+            "corpus_files": nfiles,
+            "train_bytes": int(train.numel()),
+            "held_out_bytes": int(held.numel()),
+            "dtype": str(dtype).replace("torch.", ""),
+        },
         "runs": runs,
     }
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1)
     print(f"train_gpt: wrote {args.out}")
     for r in runs:
-        print(f"  {r['backend']:14s} train {r['final_train_loss']} held-out {r['final_held_out_loss']}"
-              f" gap {r.get('held_out_gap_vs_sdpa')} diverged {r['diverged']} {r['ms_per_step']} ms/step")
+        print(
+            f"  {r['backend']:14s} train {r['final_train_loss']} held-out {r['final_held_out_loss']}"
+            f" gap {r.get('held_out_gap_vs_sdpa')} diverged {r['diverged']} {r['ms_per_step']} ms/step"
+        )
     plot(record, args.png or os.path.splitext(args.out)[0] + ".png")
     return record
 
