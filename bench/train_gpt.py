@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import grad_audit  # --audit-every: attention gradients against float64 during training
 import peers  # the bench scripts' shared helpers (git_revision)
 
 # ---- data ------------------------------------------------------------------------------------
@@ -121,6 +122,7 @@ def emu_mxfp4_pv_attention(q, k, v):
 
 
 D_SOURCE = {"value": "forward-o"}  # --d-source: the O of the backward's D = rowsum(dO * O)
+AUDIT = grad_audit.Recorder()  # --audit-every
 
 
 def attention(q, k, v, backend: str):
@@ -151,7 +153,9 @@ class Block(torch.nn.Module):
     def forward(self, x):
         b, s, c = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, c // self.heads).unbind(2)
-        x = x + self.proj(attention(q, k, v, self.backend).reshape(b, s, c))
+        o = attention(q, k, v, self.backend)
+        AUDIT.capture(q, k, v, o)
+        x = x + self.proj(o.reshape(b, s, c))
         return x + self.mlp(self.ln2(x))
 
 
@@ -199,13 +203,20 @@ def train_one(backend, args, train, held, device, dtype):
         return sum(losses) / len(losses)
 
     curve, held_curve, grad_norms, diverged, out_of_time = [], [], [], False, False
+    audits = []
     window, window_gn = [], []
     t0 = time.perf_counter()
     for step in range(1, args.steps + 1):
         x, y = batch(train, args.batch, args.seq, gen, device)
+        AUDIT.active, AUDIT.saved = args.audit_every > 0 and step % args.audit_every == 0, []
         loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if AUDIT.active:
+            AUDIT.active = False
+            layers = grad_audit.audit(lambda q, k, v: attention(q, k, v, backend), AUDIT.saved)
+            audits.append([step, layers])
+            print(f"  {backend:14s} {grad_audit.summary(step, layers)}", flush=True)
         window_gn.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
         opt.step()
         sched.step()
@@ -245,6 +256,7 @@ def train_one(backend, args, train, held, device, dtype):
         "curve": curve,
         "held_out_curve": held_curve,
         "max_grad_norm_curve": grad_norms,
+        "grad_audit": audits,
         "final_train_loss": finite[-1] if finite and not diverged else None,
         "final_held_out_loss": held_curve[-1][1] if held_curve and not diverged else None,
         "seconds": round(seconds, 2),
@@ -315,6 +327,12 @@ def main(argv=None):
         type=float,
         default=0,
         help="stop each run after this long (0: no limit); its steps_run says where",
+    )
+    ap.add_argument(
+        "--audit-every",
+        type=int,
+        default=0,
+        help="every N steps, each block's attention gradients vs float64 (0: never)",
     )
     ap.add_argument("--corpus", default=None, help="directory of .py files (default: the stdlib)")
     ap.add_argument("--max-bytes", type=int, default=64 << 20)

@@ -47,7 +47,8 @@ def test_training_smoke_on_cpu(tmp_path):
     rec = train_gpt.main(["--device", "cpu", "--backends", "sdpa,nvfp4,emu-mxfp4-pv", "--steps",
                           "2", "--layers", "1", "--d-model", "128", "--heads", "2", "--seq", "32",
                           "--batch", "2", "--log-every", "1", "--eval-every", "2",
-                          "--eval-batches", "1", "--max-bytes", "1000000", "--out", str(out)])
+                          "--eval-batches", "1", "--max-bytes", "1000000", "--audit-every", "2",
+                          "--out", str(out)])
     saved = json.loads(out.read_text())
     assert saved["suite"] == "training" and [r["backend"] for r in saved["runs"]] == [
         "sdpa", "nvfp4", "emu-mxfp4-pv"]
@@ -61,6 +62,29 @@ def test_training_smoke_on_cpu(tmp_path):
     assert sdpa["curve"][0][1] != nvfp4["curve"][0][1]
     assert abs(sdpa["curve"][0][1] - nvfp4["curve"][0][1]) < 0.05
     assert "held_out_gap_vs_sdpa" in nvfp4
+    # The gradient audit at step 2: one entry per block. FP32 SDPA on the CPU matches float64;
+    # nvfp4 (its golden backward) is close but not equal; emu-mxfp4-pv's P/V rounding shows in o.
+    for r in rec["runs"]:
+        [[step, layers]] = r["grad_audit"]
+        assert step == 2 and len(layers) == 1
+    sdpa_audit, nvfp4_audit = sdpa["grad_audit"][0][1][0], nvfp4["grad_audit"][0][1][0]
+    for key in ("o", "dq", "dk", "dv"):
+        assert sdpa_audit[key]["cos"] > 0.99999
+        assert abs(sdpa_audit[key]["norm_ratio"] - 1) < 1e-4
+        assert 0.9 < nvfp4_audit[key]["cos"] < 0.99999
+        assert nvfp4_audit[key]["worst_slice_cos"] <= nvfp4_audit[key]["cos"] + 1e-6
+
+
+def test_grad_audit_compare_finds_a_wrong_slice():
+    torch.manual_seed(1)
+    ref = torch.randn(2, 8, 3, 4, dtype=torch.float64)  # [b, s, h, d]
+    got = ref.clone()
+    got[1, :, 2] *= 10  # one (batch, head) slice ten times too large
+    c = train_gpt.grad_audit.compare(got, ref)
+    assert c["worst_slice_cos"] > 0.99999 and abs(c["max_slice_norm_ratio"] - 10) < 1e-9
+    assert c["norm_ratio"] > 2 and c["cos"] < 0.99
+    got[0, :, 0] = -ref[0, :, 0]  # and one pointing the other way
+    assert abs(train_gpt.grad_audit.compare(got, ref)["worst_slice_cos"] + 1) < 1e-12
 
 
 def test_bad_head_dim_is_rejected():
