@@ -65,6 +65,12 @@ def audit(attention_fn, saved: list[dict]) -> list[dict]:
         r = {"o": compare(o.detach(), o_ref.detach())}
         for name, g, gr in zip(("dq", "dk", "dv"), grads, ref_grads):
             r[name] = compare(g, gr)
+        # Softmax ignores a constant added to a row's scores, so a key bias (the same vector
+        # added to every key of a head) has exactly zero gradient: sum_j dK_j = sum_i (sum_j
+        # dS_ij) q_i = 0. A backward whose dS rows do not sum to zero pushes it anyway.
+        for name, g in (("dk_sum_share", grads[1]), ("dk_sum_share_ref", ref_grads[1])):
+            g = g.double()
+            r[name] = float(g.sum(dim=1).norm() / g.norm().clamp_min(1e-300))
         qh, kh = e["q"].transpose(1, 2).float(), e["k"].transpose(1, 2).float()
         r["score_amax"] = round(
             ((qh @ kh.transpose(-1, -2)).abs().max() / math.sqrt(qh.shape[-1])).item(), 3
@@ -87,4 +93,8 @@ def summary(step: int, layers: list[dict]) -> str:
             f" norm x{worst(key, 'norm_ratio', max):.3g}"
         )
     parts.append(f"|s|max {max(layer['score_amax'] for layer in layers):.1f}")
+    parts.append(
+        f"|sum dK|/|dK| {max(layer['dk_sum_share'] for layer in layers):.3g}"
+        f" (float64 {max(layer['dk_sum_share_ref'] for layer in layers):.2g})"
+    )
     return "  ".join(parts)

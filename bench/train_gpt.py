@@ -175,6 +175,20 @@ class GPT(torch.nn.Module):
         return self.head(self.ln(x))
 
 
+def key_bias_norm(model) -> float:
+    """The largest norm over blocks of the K part of the qkv bias: a parameter the loss does not
+    depend on (softmax ignores a per-row constant), so only a backward error moves it (beyond
+    weight decay's pull to zero)."""
+    with torch.no_grad():
+        return max(
+            blk.qkv.bias[blk.qkv.out_features // 3 : 2 * blk.qkv.out_features // 3]
+            .float()
+            .norm()
+            .item()
+            for blk in model.blocks
+        )
+
+
 # ---- training --------------------------------------------------------------------------------
 
 
@@ -203,7 +217,7 @@ def train_one(backend, args, train, held, device, dtype):
         return sum(losses) / len(losses)
 
     curve, held_curve, grad_norms, diverged, out_of_time = [], [], [], False, False
-    audits = []
+    audits, key_bias_norms = [], []
     window, window_gn = [], []
     t0 = time.perf_counter()
     for step in range(1, args.steps + 1):
@@ -230,6 +244,7 @@ def train_one(backend, args, train, held, device, dtype):
             # The largest pre-clip norm of the window, read once per window (one sync, not one a step).
             grad_norms.append([step, torch.stack(window_gn).max().item()])
             window, window_gn = [], []
+            key_bias_norms.append([step, key_bias_norm(model)])
         out_of_time = args.max_minutes > 0 and time.perf_counter() - t0 > 60 * args.max_minutes
         if out_of_time and window:
             curve.append([step, sum(window) / len(window)])
@@ -257,6 +272,7 @@ def train_one(backend, args, train, held, device, dtype):
         "held_out_curve": held_curve,
         "max_grad_norm_curve": grad_norms,
         "grad_audit": audits,
+        "key_bias_norm_curve": key_bias_norms,
         "final_train_loss": finite[-1] if finite and not diverged else None,
         "final_held_out_loss": held_curve[-1][1] if held_curve and not diverged else None,
         "seconds": round(seconds, 2),

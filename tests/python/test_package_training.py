@@ -73,6 +73,10 @@ def test_training_smoke_on_cpu(tmp_path):
         assert abs(sdpa_audit[key]["norm_ratio"] - 1) < 1e-4
         assert 0.9 < nvfp4_audit[key]["cos"] < 0.99999
         assert nvfp4_audit[key]["worst_slice_cos"] <= nvfp4_audit[key]["cos"] + 1e-6
+    # A key bias has no gradient in exact attention: float64 and FP32 SDPA sum dK to ~0.
+    assert sdpa_audit["dk_sum_share_ref"] < 1e-12 and sdpa_audit["dk_sum_share"] < 1e-4
+    for r in rec["runs"]:
+        assert [s for s, _ in r["key_bias_norm_curve"]] == [1, 2]
 
 
 def test_grad_audit_compare_finds_a_wrong_slice():
