@@ -89,7 +89,7 @@ void grads_f64(const Task& t, const HeadGrads& g, const std::vector<double>& qe,
 // contraction index, so they are folded into dS before rounding, and V's per-channel factor into
 // dO for dP.
 void grads_emulated(const Task& t, HeadGrads* g, const Operand& qo, const Operand& ko,
-                    const Operand& vo, const Rows& dout, const std::vector<double>& drow,
+                    const Operand& vo, const Rows& dout, const Rows& o, std::vector<double>* drow,
                     std::vector<double>* dq, double* dk, double* dv) {
   const AttentionShape& sh = t.sh;
   const int64_t d = sh.d, sk = sh.s_k;
@@ -103,6 +103,19 @@ void grads_emulated(const Task& t, HeadGrads* g, const Operand& qo, const Operan
   const int g_dp = scaled ? golden::pow2_scale_exp(golden::abs_max(dofv), golden::kE5m2TopLog2) : 0;
   for (double& x : dov) x = golden::e5m2_scaled(x, g_do);
   for (double& x : dofv) x = golden::e5m2_scaled(x, g_dp);
+  if (t.bopt->d_source == DSource::kForwardO) {
+    // D = sum_c dO'_c O_c with dO' the dO that dP sees (its E5M2 value, V's channel factor and
+    // 2^g' undone). D from the unrounded dO would leave sum_j P_ij dP_ij - D_i equal to dO's
+    // rounding error dotted with O: the rows of dS would not sum to zero, and a sharp row's dS,
+    // ~0 in exact arithmetic, would be that error (numerics.md §8, "D consistent with dP").
+    for (int64_t i = 0; i < sh.s_q; ++i) {
+      double acc = 0;
+      for (int64_t c = 0; c < d; ++c) {
+        if (vo.factor[c] != 0) acc += dofv[i * d + c] * o.x[i * d + c] / vo.factor[c];
+      }
+      (*drow)[i] = std::ldexp(acc, -g_dp);
+    }
+  }
 
   // dP from the E5M2 dO (V's channel factor folded in) and V's E4M3 values, then dS.
   std::vector<double> ds_k(g->ds.size(), 0.0), ds_q(g->ds.size(), 0.0);
@@ -112,7 +125,7 @@ void grads_emulated(const Task& t, HeadGrads* g, const Operand& qo, const Operan
       double acc = 0;
       for (int64_t c = 0; c < d; ++c) acc += dofv[i * d + c] * vo.val[j * d + c];
       const double dp = std::ldexp(acc, -g_dp);
-      const double ds = g->p[i * sk + j] * (dp - drow[i]);
+      const double ds = g->p[i * sk + j] * (dp - (*drow)[i]);
       g->ds[i * sk + j] = ds;
       ds_k[i * sk + j] = ds * ko.factor[j];  // dQ contracts over keys
       ds_q[i * sk + j] = ds * qo.factor[i];  // dK contracts over queries
@@ -198,7 +211,7 @@ void run_head(const Task& t, int64_t b, int64_t h, double* dk, double* dv) {
   if (t.bopt->arithmetic == BackwardArithmetic::kFloat64) {
     grads_f64(t, g, qe, ke, dout, &dq, dk, dv);
   } else {
-    grads_emulated(t, &g, qo, ko, vo, dout, drow, &dq, dk, dv);
+    grads_emulated(t, &g, qo, ko, vo, dout, o, &drow, &dq, dk, dv);
   }
   const TensorView& dqv = *t.dq;
   for (int64_t i = 0; i < sh.s_q; ++i) {

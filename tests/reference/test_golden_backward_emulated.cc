@@ -4,6 +4,7 @@
 // E5M2's subnormal edge and dS far below E4M3's smallest subnormal.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 
 #include "fp4attn/metrics.h"
@@ -49,6 +50,31 @@ TEST_P(BackwardEmulated, RelL2ToFloat64SmallAndEveryOffsetMatters) {
   EXPECT_GT(c_scale.dq, 0.9);
   EXPECT_GT(c_scale.dk, 0.9);
   EXPECT_GT(c_scale.dv, 0.3);
+}
+
+// Sharp rows: each query is 4x its own key, so with causal masking a row puts P ~ 1 - e^-20 on
+// one key and its true dS is ~0. D from the unrounded dO left dO's E5M2 rounding error (~7% per
+// value) dotted with O in every dP_j - D, so such rows got a dS of that error's size: dQ and dK
+// were mostly error (what a small GPT's training hit once its attention sharpened; session 6).
+// D from the dO that dP sees cancels it.
+TEST(BackwardEmulatedSharpRows, DComesFromTheRoundedDo) {
+  Problem p;
+  p.causal = true;
+  p.s_q = p.s_k = 96;
+  Inputs in = make_problem_inputs(p, 1e-5);
+  for (size_t x = 0; x < in.q.size(); ++x) in.q[x] = 4 * in.k[x];  // BF16-exact, scores ~32
+  const RecipeOptions opt = recipe_options(Recipe::kFp8);
+  Forward f = golden_forward(p, in, opt);
+  const Grads want = golden_backward(p, in, f, opt);
+  BackwardOptions emu;
+  emu.arithmetic = BackwardArithmetic::kEmulatedFp8;
+  const RelL2 c = rel_l2s(golden_backward(p, in, f, opt, emu), want);
+  std::printf("sharp rows, rel-L2 to float64: dq %.4f dk %.4f dv %.4f\n", c.dq, c.dk, c.dv);
+  // Measured: dq 0.054, dk 0.054, dv 0.053 with D from the rounded dO; dq 1.68 and dk 1.68 with
+  // D from the unrounded one (dv does not involve D).
+  EXPECT_LT(c.dq, 0.15);
+  EXPECT_LT(c.dk, 0.15);
+  EXPECT_LT(c.dv, 0.09);
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, BackwardEmulated,

@@ -1,6 +1,6 @@
-// Backward preprocess, pass 1: one warp per row (batch, query, head) of dO and O:
-// D = sum_c dO_c O_c in FP32, and the row's max |dO| and max |dO_c v_scale_c| folded into the
-// (batch, head) amax record (order-independent integer max: deterministic).
+// Backward preprocess, pass 1: one warp per row (batch, query, head) of dO: the row's max |dO|
+// and max |dO_c v_scale_c| folded into the (batch, head) amax record (order-independent integer
+// max: deterministic). D needs the scales these fix, so prep_quant computes it.
 #include "cuda/backward/bwd_bits.h"
 #include "cuda/backward/bwd_device.cuh"
 #include "cuda/backward/bwd_kernels.h"
@@ -21,22 +21,18 @@ __global__ void __launch_bounds__(kWarps * 32) prep_rows_kernel(BwdParams p) {
   const int bb = int(row / (int64_t(p.h) * p.s_q));
   const int hk = hh / (p.h / p.h_kv);
   const uint16_t* dor = p.dout + bb * p.do_stride[0] + i * p.do_stride[1] + hh * p.do_stride[2];
-  const uint16_t* orow = p.o + bb * p.o_stride[0] + i * p.o_stride[1] + hh * p.o_stride[2];
   const float* fv = p.v_scale + (int64_t(bb) * p.h_kv + hk) * D;
-  float dot = 0.f, m_do = 0.f, m_dofv = 0.f;
+  float m_do = 0.f, m_dofv = 0.f;
 #pragma unroll
   for (int u = 0; u < D / 32; ++u) {
     const int c = lane + 32 * u;
     const float g = load16(dor + c, p.do_f16);
-    dot += g * load16(orow + c, p.o_f16);
     m_do = fmaxf(m_do, fabsf(g));
     m_dofv = fmaxf(m_dofv, fabsf(g * fv[c]));
   }
-  dot = warp_sum(dot);
   m_do = warp_max(m_do);
   m_dofv = warp_max(m_dofv);
   if (lane == 0) {
-    p.dsum[(int64_t(bb) * p.h + hh) * p.s_q + i] = dot;
     float* rec = p.amax + (int64_t(bb) * p.h + hh) * kAmaxSlots;
     if (m_do > 0.f) atomic_max_nonneg(rec + kAmaxDo, m_do);
     if (m_dofv > 0.f) atomic_max_nonneg(rec + kAmaxDoFv, m_dofv);
