@@ -63,6 +63,11 @@ TEST(BwdBits, MulPow2IsLdexpRoundedOnce) {
 }
 
 TEST(BwdBits, Pow2IsMulPow2) {
+  EXPECT_TRUE(Pow2(0).single());
+  EXPECT_TRUE(Pow2(-126).single());
+  EXPECT_TRUE(Pow2(127).single());
+  EXPECT_FALSE(Pow2(128).single());
+  EXPECT_FALSE(Pow2(-127).single());
   std::mt19937 rng(13);
   std::normal_distribution<float> dist(0.f, 1.f);
   for (int e = -300; e <= 300; ++e) {
@@ -72,6 +77,11 @@ TEST(BwdBits, Pow2IsMulPow2) {
       const float a = mul_pow2(x, e), b = f(x);
       ASSERT_TRUE(std::memcmp(&a, &b, 4) == 0 || (std::isnan(a) && std::isnan(b)))
           << x << " * 2^" << e << ": " << a << " vs " << b;
+      if (f.single()) {
+        const float c = f.apply<true>(x);
+        ASSERT_TRUE(std::memcmp(&a, &c, 4) == 0 || (std::isnan(a) && std::isnan(c)))
+            << x << " " << e;
+      }
     }
     for (float x : {0.f, -0.f, std::numeric_limits<float>::infinity(),
                     std::numeric_limits<float>::denorm_min(), 3.4e38f}) {

@@ -78,6 +78,12 @@ struct Pow2 {
     f2 = exp2i(e > 127 ? e - 127 : e < -126 ? e + 126 : 0);
   }
   FP4ATTN_HD float operator()(float x) const { return (x * f1) * f2; }
+  // f2 = 1: x * f1 alone is the same value (the multiply by 1 is exact).
+  FP4ATTN_HD bool single() const { return f2 == 1.f; }
+  template <bool kSingle>
+  FP4ATTN_HD float apply(float x) const {
+    return kSingle ? x * f1 : (x * f1) * f2;
+  }
 };
 
 // First query (inclusive) that sees any key of the block starting at key n0: bottom-right causal

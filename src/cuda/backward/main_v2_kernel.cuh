@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/attention/ptx.cuh"
 #include "cuda/backward/bwd_bits.h"
@@ -295,14 +296,24 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, V2Smem<D>& sm, in
             ds_at[b][h] = swizzle_offset(2 * t + b, key_l + 8 * h, kV2Keys);
           }
         }
+        // Two copies: one multiply per power of two when all three are in range (the usual
+        // case: a uniform branch), Pow2's two otherwise; the same bits either way.
+        auto ds_elements = [&](auto single) {
+          constexpr bool kSingle = decltype(single)::value;
 #pragma unroll
-        for (int e = 0; e < 32; ++e) {
-          const float dse = sc[e] * (dp_unit(dp[e]) - row_value(dsum, e));
-          const float ds = visible(e) ? dse : 0.f;
-          sc[e] *= 256.f;  // 2^kPLiftLog2
-          dp[e] = to_dk(ds * qs);
-          ds_tile[ds_at[e & 1][accum_row_half(e)] + 1024 * (e >> 2)] =
-              uint8_t(e4m3x2(to_dq(ds * ks), 0.f));
+          for (int e = 0; e < 32; ++e) {
+            const float dse = sc[e] * (dp_unit.apply<kSingle>(dp[e]) - row_value(dsum, e));
+            const float ds = visible(e) ? dse : 0.f;
+            sc[e] *= 256.f;  // 2^kPLiftLog2
+            dp[e] = to_dk.apply<kSingle>(ds * qs);
+            ds_tile[ds_at[e & 1][accum_row_half(e)] + 1024 * (e >> 2)] =
+                uint8_t(e4m3x2(to_dq.apply<kSingle>(ds * ks), 0.f));
+          }
+        };
+        if (dp_unit.single() && to_dk.single() && to_dq.single()) {
+          ds_elements(std::true_type{});
+        } else {
+          ds_elements(std::false_type{});
         }
         uint32_t pa[2][4], da[2][4];
         v2_pack_a(sc, pa);
