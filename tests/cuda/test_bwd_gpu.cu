@@ -302,7 +302,7 @@ TEST(BwdGpu, DeterministicRunsAreBitIdentical) {
 TEST(BwdGpu, Bf16GradientsAreRoundedF32) {
   SKIP_WITHOUT_GPU();
   for (int kernel : kKernels) {
-    SCOPED_TRACE("v" + std::to_string(kernel));
+    SCOPED_TRACE(::testing::Message() << "v" << kernel);
     const Problem pb{1, 77, 150, 2, 1, 64, true, Recipe::kFp8};
     std::mt19937_64 rng(fresh_seed());
     Inputs in = make_inputs(pb, rng);

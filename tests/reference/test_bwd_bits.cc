@@ -93,7 +93,7 @@ TEST(BwdBits, Pow2IsMulPow2) {
 
 TEST(BwdBits, FirstQueryBlockCoversEveryVisiblePair) {
   // v1's blocks (64 keys, 32 queries) and v2's (128 keys, 64 queries).
-  for (const auto [keys, queries] :
+  for (const auto& [keys, queries] :
        {std::pair<int64_t, int64_t>{kBlockKeys, kBlockQueries}, {kV2Keys, kV2Queries}}) {
     for (int64_t s_q : {1, 17, 64, 100, 333}) {
       for (int64_t s_k : {1, 17, 64, 100, 333}) {
