@@ -282,8 +282,9 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, V2Smem<D>& sm, in
           m_k = fmaxf(m_k, fabsf(ds * ks));
           m_q = fmaxf(m_q, fabsf(ds * qs));
         }
-        __syncwarp();  // the stage (tiles, LSE, D) is no longer read by this warp
-        if (lane == 0) sm90::mbar_arrive(&sm.empty[s]);
+        // The stage (tiles, LSE, D) is no longer read by this thread: every consumer thread
+        // arrives (v2_layout.h kV2EmptyArrivals), each releasing its own LSE / D loads.
+        sm90::mbar_arrive(&sm.empty[s]);
       } else {
         // dS_k bytes of element e at ds_at[e % 2][row half] + 1024 (e / 4): query row
         // 8 (e / 4) + 2t + e % 2, key column key_l + 8 h, swizzled (row % 8 = 2t + e % 2).
@@ -344,8 +345,7 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, V2Smem<D>& sm, in
         v2_fence(dq);
         v2_fence(pa);
         v2_fence(da);
-        __syncwarp();
-        if (lane == 0) sm90::mbar_arrive(&sm.empty[s]);
+        sm90::mbar_arrive(&sm.empty[s]);  // every consumer thread, as in the amax pass
 
         int* turn = p.dq_turn + bh * (p.s_q_pad / kV2Queries) + mb;
         if (p.deterministic) v2_wait_turn(turn, n);

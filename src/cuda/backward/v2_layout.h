@@ -17,7 +17,11 @@ constexpr int kV2Stages = 2;         // query-block stages (Q, dO_v, dO_t, Q_t, 
 constexpr int kV2Threads = 384;      // producer warpgroup + two consumer warpgroups
 constexpr int kV2Consumers = 256;    // threads of the two consumer warpgroups
 constexpr int kV2FullArrivals = 32;  // the producer warp: LSE / D rows, then TMA bytes (lane 0)
-constexpr int kV2EmptyArrivals = 8;  // one per consumer warp
+// Every consumer thread arrives on a stage's empty barrier: each one's arrive (release) orders
+// its own plain loads of the stage's LSE / D rows before the producer warp's stores that refill
+// them (one arrive per warp after __syncwarp relied on bar.warp.sync + cumulativity, which
+// compute-sanitizer racecheck does not follow: docs/kernels/bwd_sm90.md, "racecheck (session 6)").
+constexpr int kV2EmptyArrivals = kV2Consumers;
 
 // Byte offset of (row, col) in a K-major tile of `row_bytes` (32, 64 or 128) bytes per row,
 // swizzled as TMA's CU_TENSOR_MAP_SWIZZLE_{32,64,128}B and the wgmma descriptor's modes: the
