@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <set>
+#include <utility>
 
 #include "cuda/backward/bwd_bits.h"
 #include "reference/golden_backward_fp8.h"
@@ -60,29 +62,62 @@ TEST(BwdBits, MulPow2IsLdexpRoundedOnce) {
   EXPECT_EQ(mul_pow2(std::ldexp(1.f, -140), 148), 256.f);  // a subnormal dO lifted exactly
 }
 
+TEST(BwdBits, Pow2IsMulPow2) {
+  EXPECT_TRUE(Pow2(0).single());
+  EXPECT_TRUE(Pow2(-126).single());
+  EXPECT_TRUE(Pow2(127).single());
+  EXPECT_FALSE(Pow2(128).single());
+  EXPECT_FALSE(Pow2(-127).single());
+  std::mt19937 rng(13);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  for (int e = -300; e <= 300; ++e) {
+    const Pow2 f(e);
+    for (int it = 0; it < 2000; ++it) {
+      const float x = dist(rng) * std::ldexp(1.f, int(rng() % 300) - 150);
+      const float a = mul_pow2(x, e), b = f(x);
+      ASSERT_TRUE(std::memcmp(&a, &b, 4) == 0 || (std::isnan(a) && std::isnan(b)))
+          << x << " * 2^" << e << ": " << a << " vs " << b;
+      if (f.single()) {
+        const float c = f.apply<true>(x);
+        ASSERT_TRUE(std::memcmp(&a, &c, 4) == 0 || (std::isnan(a) && std::isnan(c)))
+            << x << " " << e;
+      }
+    }
+    for (float x : {0.f, -0.f, std::numeric_limits<float>::infinity(),
+                    std::numeric_limits<float>::denorm_min(), 3.4e38f}) {
+      const float a = mul_pow2(x, e), b = f(x);
+      ASSERT_TRUE(std::memcmp(&a, &b, 4) == 0 || (std::isnan(a) && std::isnan(b))) << x << " " << e;
+    }
+  }
+}
+
 TEST(BwdBits, FirstQueryBlockCoversEveryVisiblePair) {
-  for (int64_t s_q : {1, 17, 64, 100, 333}) {
-    for (int64_t s_k : {1, 17, 64, 100, 333}) {
-      for (bool causal : {false, true}) {
-        int64_t prev = 0;
-        for (int64_t n0 = 0; n0 < s_k; n0 += kBlockKeys) {
-          const int64_t mb = first_query_block(n0, s_q, s_k, causal);
-          EXPECT_GE(mb, prev) << "not monotone in the key block (deterministic turns need it)";
-          prev = mb;
-          for (int64_t i = 0; i < s_q; ++i) {
-            for (int64_t j = n0; j < std::min(n0 + kBlockKeys, s_k); ++j) {
-              if (key_visible(i, j, s_q, s_k, causal)) {
-                ASSERT_GE(i, mb * kBlockQueries) << s_q << " " << s_k << " " << n0;
+  // v1's blocks (64 keys, 32 queries) and v2's (128 keys, 64 queries).
+  for (const auto& [keys, queries] :
+       {std::pair<int64_t, int64_t>{kBlockKeys, kBlockQueries}, {kV2Keys, kV2Queries}}) {
+    for (int64_t s_q : {1, 17, 64, 100, 333}) {
+      for (int64_t s_k : {1, 17, 64, 100, 333}) {
+        for (bool causal : {false, true}) {
+          int64_t prev = 0;
+          for (int64_t n0 = 0; n0 < s_k; n0 += keys) {
+            const int64_t mb = first_query_block(n0, s_q, s_k, causal, queries);
+            EXPECT_GE(mb, prev) << "not monotone in the key block (deterministic turns need it)";
+            prev = mb;
+            for (int64_t i = 0; i < s_q; ++i) {
+              for (int64_t j = n0; j < std::min(n0 + keys, s_k); ++j) {
+                if (key_visible(i, j, s_q, s_k, causal)) {
+                  ASSERT_GE(i, mb * queries) << s_q << " " << s_k << " " << n0;
+                }
               }
             }
+            // The first block it visits has a visible pair unless no query sees the key block.
+            bool any = false;
+            for (int64_t i = mb * queries; i < std::min(s_q, (mb + 1) * queries); ++i) {
+              any = any || key_visible(i, n0, s_q, s_k, causal);
+            }
+            const bool none = causal && n0 > s_q - 1 + s_k - s_q;
+            EXPECT_TRUE(any || none || n0 >= s_k) << s_q << " " << s_k << " " << n0;
           }
-          // The first block it visits has a visible pair unless no query sees the key block.
-          bool any = false;
-          for (int64_t i = mb * kBlockQueries; i < std::min(s_q, (mb + 1) * kBlockQueries); ++i) {
-            any = any || key_visible(i, n0, s_q, s_k, causal);
-          }
-          const bool none = causal && n0 > s_q - 1 + s_k - s_q;
-          EXPECT_TRUE(any || none || n0 >= s_k) << s_q << " " << s_k << " " << n0;
         }
       }
     }
@@ -104,8 +139,37 @@ TEST(BwdBits, PermutedQueriesMatchTheAccumulatorLayout) {
   EXPECT_EQ(seen.size(), size_t(kBlockQueries));
   EXPECT_EQ(*seen.rbegin(), kBlockQueries - 1);
   EXPECT_EQ(padded_queries(0), 0);
-  EXPECT_EQ(padded_queries(17), 32);
+  EXPECT_EQ(padded_queries(17), 64);
   EXPECT_EQ(padded_queries(64), 64);
+  EXPECT_EQ(padded_queries(65), 128);
+  EXPECT_EQ(kQueryPad % kBlockQueries, 0);
+  EXPECT_EQ(kQueryPad % kV2Queries, 0);
+}
+
+TEST(BwdBits, V2AFragmentsMatchTheirQueries) {
+  // v2's P^T and dS^T A operands (wgmma, A from registers) are packed from the S^T / dP^T
+  // accumulators (64 keys x 64 queries per warpgroup) with a_source_element; the B operands
+  // (dO_t, Q_t) hold the queries of each 64-block in the permuted order. Every byte must meet
+  // its own query and its own key row, and each thread's bytes must cover its 16 k positions
+  // of each half exactly once.
+  for (int t = 0; t < 4; ++t) {
+    std::set<int> seen[2];
+    for (int kk = 0; kk < kV2Queries / 32; ++kk) {
+      for (int r = 0; r < 4; ++r) {
+        for (int b = 0; b < 4; ++b) {
+          const int e = 16 * kk + a_source_element(r, b);
+          ASSERT_LT(e, kV2Queries / 2);  // 32 accumulator registers of 64 x 64
+          EXPECT_EQ(accum_row_half(e), r & 1) << "row of element " << e;
+          const int pos = a_k_position(kk, r, b, t);
+          EXPECT_EQ(operand_v_key_at(pos), accum_col(e, t)) << "t " << t << " position " << pos;
+          EXPECT_EQ(transposed_position_of_query(accum_col(e, t)), pos);
+          EXPECT_TRUE(seen[r & 1].insert(e).second);
+        }
+      }
+    }
+    EXPECT_EQ(seen[0].size(), 16u);
+    EXPECT_EQ(seen[1].size(), 16u);
+  }
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -80,6 +81,10 @@ std::string run_case(const Case& c, bool deterministic, const TimingConfig& tc) 
   const TensorView tdv = make_view(dv.get(), DType::kBF16, {b, s, h, d});
   BackwardCudaOptions bopt;
   bopt.deterministic = deterministic;
+  // The main kernel: FP4ATTN_BWD_KERNEL=v1|v2 (bwd_launch.cu reads it; default v2), recorded.
+  const char* env = std::getenv("FP4ATTN_BWD_KERNEL");
+  const bool v1 = env != nullptr && (std::strcmp(env, "v1") == 0 || std::strcmp(env, "1") == 0);
+  const char* kernel = v1 ? "v1" : "v2";
   const Timing t = time_launches(
       [&](int) {
         check(attention_backward_operands_cuda(in, opt, to, tl, tdo, tdq, tdk, tdv, bopt, stream),
@@ -90,11 +95,11 @@ std::string run_case(const Case& c, bool deterministic, const TimingConfig& tc) 
   const double fwd_flops = 4.0 * b * h * double(s) * double(s) * d * (c.causal ? 0.5 : 1.0);
   const double flops = 2.5 * fwd_flops;
   const double tflops = flops / (t.median_ms * 1e-3) / 1e12;
-  std::printf("bwd %-9s b=%-2lld s=%-6lld h=%lld d=%lld %s%s  %.3f ms  %.1f TFLOP/s\n",
+  std::printf("bwd %s %-9s b=%-2lld s=%-6lld h=%lld d=%lld %s%s  %.3f ms  %.1f TFLOP/s\n", kernel,
               recipe_name(c.recipe), (long long)b, (long long)s, (long long)h, (long long)d,
               c.causal ? "causal" : "full", deterministic ? " det" : "", t.median_ms, tflops);
   JsonObject j;
-  j.str("case", "bwd").str("recipe", recipe_name(c.recipe));
+  j.str("case", "bwd").str("kernel", kernel).str("recipe", recipe_name(c.recipe));
   j.integer("b", b).integer("s_q", s).integer("s_k", s).integer("h", h).integer("h_kv", h);
   j.integer("d", d).boolean("causal", c.causal).boolean("deterministic", deterministic);
   j.str("grad_dtype", "bf16").num("flops", flops, 10).num("median_ms", t.median_ms);

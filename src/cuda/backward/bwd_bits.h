@@ -11,8 +11,14 @@
 
 namespace fp4attn::bwd {
 
-constexpr int kBlockKeys = 64;     // keys per CTA (one K/V block)
-constexpr int kBlockQueries = 32;  // queries per step of the CTA's loop
+constexpr int kBlockKeys = 64;     // v1: keys per CTA (one K/V block)
+constexpr int kBlockQueries = 32;  // v1: queries per step of the CTA's loop
+// v2 (wgmma, main_v2_kernel.cuh): 128 keys per CTA (64 per consumer warpgroup), 64 queries per
+// step.
+constexpr int kV2Keys = 128;
+constexpr int kV2Queries = 64;
+// The workspace's query padding (do_v, do_t, q_t, dq_turn): whole blocks of both kernels.
+constexpr int kQueryPad = 64;
 // Tops of the FP8 ranges (numerics.md §8; golden_backward_fp8.h kE4m3TopLog2 / kE5m2TopLog2).
 constexpr int kE4m3Top = 8;
 constexpr int kE5m2Top = 15;
@@ -62,12 +68,31 @@ FP4ATTN_HD float mul_pow2(float x, int e) {
   return x * exp2i(e);
 }
 
+// mul_pow2(x, e) for a fixed e, bit for bit, without branches: (x * f1) * f2 with f2 = 1 unless
+// e is outside [-126, 127] (CPU test BwdBits.Pow2IsMulPow2).
+struct Pow2 {
+  float f1, f2;
+  FP4ATTN_HD explicit Pow2(int e) {
+    e = e < -252 ? -252 : e > 254 ? 254 : e;
+    f1 = exp2i(e > 127 ? 127 : e < -126 ? -126 : e);
+    f2 = exp2i(e > 127 ? e - 127 : e < -126 ? e + 126 : 0);
+  }
+  FP4ATTN_HD float operator()(float x) const { return (x * f1) * f2; }
+  // f2 = 1: x * f1 alone is the same value (the multiply by 1 is exact).
+  FP4ATTN_HD bool single() const { return f2 == 1.f; }
+  template <bool kSingle>
+  FP4ATTN_HD float apply(float x) const {
+    return kSingle ? x * f1 : (x * f1) * f2;
+  }
+};
+
 // First query (inclusive) that sees any key of the block starting at key n0: bottom-right causal
-// (key j visible to query i iff j <= i + s_k - s_q), rounded down to a query block.
-FP4ATTN_HD int64_t first_query_block(int64_t n0, int64_t s_q, int64_t s_k, bool causal) {
+// (key j visible to query i iff j <= i + s_k - s_q), rounded down to a query block of `block`.
+FP4ATTN_HD int64_t first_query_block(int64_t n0, int64_t s_q, int64_t s_k, bool causal,
+                                     int64_t block = kBlockQueries) {
   if (!causal) return 0;
   const int64_t i = n0 - (s_k - s_q);
-  return i <= 0 ? 0 : i / kBlockQueries;
+  return i <= 0 ? 0 : i / block;
 }
 
 FP4ATTN_HD bool key_visible(int64_t i, int64_t j, int64_t s_q, int64_t s_k, bool causal) {
@@ -83,9 +108,26 @@ FP4ATTN_HD int64_t transposed_position_of_query(int64_t query) {
   return operand_v_position_of(query);
 }
 
-// Workspace padding of the transposed operands: whole query blocks.
+// Workspace padding of the transposed operands: whole query blocks of both kernels.
 FP4ATTN_HD int64_t padded_queries(int64_t s_q) {
-  return (s_q + kBlockQueries - 1) / kBlockQueries * kBlockQueries;
+  return (s_q + kQueryPad - 1) / kQueryPad * kQueryPad;
+}
+
+// The FP32 accumulator of an m64nN MMA tile (wgmma, or mma.sync m16n8 tiles in order) gives
+// thread t (lane % 4) element e: row g + 8 * accum_row_half(e) of its warp's 16 (g = lane / 4),
+// column accum_col(e, t).
+FP4ATTN_HD constexpr int accum_col(int e, int t) { return 8 * (e >> 2) + 2 * t + (e & 1); }
+FP4ATTN_HD constexpr int accum_row_half(int e) { return (e >> 1) & 1; }
+// The FP8 A operand (k = 32 per step) of the same rows, made from the accumulator without
+// shuffles: byte b of register r of k-step kk is element 16 kk + a_source_element(r, b); the
+// A layout puts there row g + 8 (r % 2), k position 32 kk + 16 (r / 2) + 4 t + b. Against B
+// operands stored in the permuted query order above, that k position holds the element's own
+// query (CPU test BwdBits.V2AFragmentsMatchTheirQueries).
+FP4ATTN_HD constexpr int a_source_element(int r, int b) {
+  return 8 * (r >> 1) + 2 * (r & 1) + (b & 1) + 4 * (b >> 1);
+}
+FP4ATTN_HD constexpr int a_k_position(int kk, int r, int b, int t) {
+  return 32 * kk + 16 * (r >> 1) + 4 * t + b;
 }
 
 }  // namespace fp4attn::bwd

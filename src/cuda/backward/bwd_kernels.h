@@ -15,6 +15,9 @@ cudaError_t launch_prep_quant(const BwdParams& p, int d, cudaStream_t stream);
 // amax_pass: the amax of dS * k_scale and dS * q_scale per (batch, head) only; else the
 // gradients (dK, dV written, dQ accumulated into dq_acc).
 cudaError_t launch_main(const BwdParams& p, int d, bool amax_pass, cudaStream_t stream);
+// The same on wgmma (main_v2.cu): 128-key CTAs, 64-query steps; p.key_blocks is v1's (64 keys),
+// the v2 launcher recomputes it.
+cudaError_t launch_main_v2(const BwdParams& p, int d, bool amax_pass, cudaStream_t stream);
 // dq = dq_acc * softmax_scale * 2^-h_dq in the output dtype.
 cudaError_t launch_dq_convert(const BwdParams& p, int d, cudaStream_t stream);
 

@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <numbers>
 #include <string>
 
@@ -27,6 +29,15 @@ Status cuda_status(cudaError_t e, const char* what) {
 }
 
 int64_t round256(int64_t n) { return (n + 255) / 256 * 256; }
+
+// The main kernel's version: the option, else FP4ATTN_BWD_KERNEL (read at every call, so that a
+// process can switch between runs), else v2. Anything but "v1" / "1" selects v2.
+int main_kernel_version(const BackwardCudaOptions& bopt) {
+  if (bopt.kernel == 1 || bopt.kernel == 2) return bopt.kernel;
+  const char* env = std::getenv("FP4ATTN_BWD_KERNEL");
+  if (env != nullptr && (std::strcmp(env, "v1") == 0 || std::strcmp(env, "1") == 0)) return 1;
+  return 2;
+}
 
 void bshd_strides(const TensorView& t, int64_t (&s)[3]) {
   s[0] = t.stride[0];
@@ -82,6 +93,7 @@ Status run_backward(const ForwardOperands& in, const ForwardOptions& opt, const 
   const int64_t bh = sh.b * sh.h, d = sh.d;
   const int64_t n_dsum = 4 * bh * sh.s_q, n_amax = 4 * bh * bwd::kAmaxSlots;
   const int64_t n_fp8 = bh * p.s_q_pad * d;
+  // dq_turn: one counter per (b, h, query block) of v1's 32 queries (v2's 64 need half).
   const int64_t n_acc = 4 * bh * sh.s_q * d, n_turn = 4 * bh * (p.s_q_pad / bwd::kBlockQueries);
   const int64_t bytes = round256(n_dsum) + round256(n_amax) + 3 * round256(n_fp8) +
                         round256(n_acc) + round256(n_turn);
@@ -108,8 +120,9 @@ Status run_backward(const ForwardOperands& in, const ForwardOptions& opt, const 
   if (e == cudaSuccess) e = cudaMemsetAsync(p.dq_turn, 0, size_t(n_turn), stream);
   if (e == cudaSuccess) e = bwd::launch_prep_rows(p, di, stream);
   if (e == cudaSuccess) e = bwd::launch_prep_quant(p, di, stream);
-  if (e == cudaSuccess && sh.s_q > 0) e = bwd::launch_main(p, di, true, stream);
-  if (e == cudaSuccess && sh.s_q > 0) e = bwd::launch_main(p, di, false, stream);
+  const auto run_main = main_kernel_version(bopt) == 1 ? bwd::launch_main : bwd::launch_main_v2;
+  if (e == cudaSuccess && sh.s_q > 0) e = run_main(p, di, true, stream);
+  if (e == cudaSuccess && sh.s_q > 0) e = run_main(p, di, false, stream);
   if (e == cudaSuccess) e = bwd::launch_dq_convert(p, di, stream);
   Status st = cuda_status(e, "backward kernels");
   const cudaError_t fe = cudaFreeAsync(ws, stream);

@@ -29,7 +29,7 @@ struct BwdParams {
   uint8_t* do_t;  // [b, h, d, s_q_pad] E5M2(2^g dO), queries permuted, pad 0
   uint8_t* q_t;   // [b, h, d, s_q_pad] Q's E4M3 bytes, queries permuted, pad 0
   float* dq_acc;  // [b, h, s_q, d], zeroed; units 2^-h_dq (dS's scale), times softmax_scale
-  int* dq_turn;   // [b, h, s_q_pad / 32], zeroed (deterministic mode)
+  int* dq_turn;   // [b, h, s_q_pad / 32], zeroed (deterministic mode; v2 uses s_q_pad / 64)
 
   // Gradients: BSHD, strides in elements (batch, seq, head); *_f32: FP32 else BF16.
   void* dq;
@@ -39,7 +39,7 @@ struct BwdParams {
   bool dq_f32, dk_f32, dv_f32;
 
   int b, h, h_kv, s_q, s_k, s_q_pad, vt_pitch;
-  int key_blocks;       // ceil(s_k / 64)
+  int key_blocks;       // ceil(s_k / 64) (v2: ceil(s_k / 128))
   float softmax_scale;  // the forward's scale
   float scale_log2;     // softmax_scale * log2(e)
   bool causal, deterministic;

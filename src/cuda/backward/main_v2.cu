@@ -1,0 +1,79 @@
+// Instantiations and launch of the backward's v2 main kernel (main_v2_kernel.cuh): the TMA maps
+// of the per-query-block tiles, d 64 / 128 x the amax pass or the gradient pass.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "cuda/backward/bwd_kernels.h"
+#include "cuda/backward/main_v2_kernel.cuh"
+
+namespace fp4attn::bwd {
+namespace {
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda at link time).
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiledFn encode_tiled() {
+  static EncodeTiledFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      f = nullptr;
+    }
+    return reinterpret_cast<EncodeTiledFn>(f);
+  }();
+  return fn;
+}
+
+// A 3-D byte tensor (inner, mid, outer), boxes of (box_inner, box_mid, 1) swizzled to the box's
+// row width (64 or 128 bytes, as swizzle_offset and the wgmma descriptors); out-of-range
+// elements read as zero.
+cudaError_t make_map(CUtensorMap* map, const void* base, int64_t inner, int64_t mid, int64_t outer,
+                     int box_inner, int box_mid) {
+  EncodeTiledFn fn = encode_tiled();
+  if (fn == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[3] = {cuuint64_t(inner), cuuint64_t(mid), cuuint64_t(outer)};
+  const cuuint64_t strides[2] = {cuuint64_t(inner), cuuint64_t(inner * mid)};
+  const cuuint32_t box[3] = {cuuint32_t(box_inner), cuuint32_t(box_mid), 1};
+  const cuuint32_t estride[3] = {1, 1, 1};
+  const CUtensorMapSwizzle swz =
+      box_inner == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+  const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims,
+                        strides, box, estride, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <int D, bool kAmax>
+cudaError_t launch(const BwdV2Params& P, cudaStream_t stream) {
+  constexpr int smem = v2_smem_bytes<D>();
+  auto kernel = bwd_main_v2_kernel<D, kAmax>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  const int64_t ctas = int64_t(P.p.key_blocks) * P.p.b * P.p.h_kv;
+  if (ctas == 0) return cudaSuccess;
+  kernel<<<unsigned(ctas), kV2Threads, smem, stream>>>(P);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_main_v2(const BwdParams& p, int d, bool amax_pass, cudaStream_t stream) {
+  BwdV2Params P{};
+  P.p = p;
+  P.p.key_blocks = (p.s_k + kV2Keys - 1) / kV2Keys;
+  const int64_t bh = int64_t(p.b) * p.h;
+  cudaError_t e = make_map(&P.tm_q, p.q, d, p.s_q, bh, d, kV2Queries);
+  if (e == cudaSuccess) e = make_map(&P.tm_dov, p.do_v, d, p.s_q_pad, bh, d, kV2Queries);
+  if (e == cudaSuccess) e = make_map(&P.tm_dot, p.do_t, p.s_q_pad, d, bh, kV2Queries, d);
+  if (e == cudaSuccess) e = make_map(&P.tm_qt, p.q_t, p.s_q_pad, d, bh, kV2Queries, d);
+  if (e != cudaSuccess) return e;
+  if (d == 128) return amax_pass ? launch<128, true>(P, stream) : launch<128, false>(P, stream);
+  return amax_pass ? launch<64, true>(P, stream) : launch<64, false>(P, stream);
+}
+
+}  // namespace fp4attn::bwd

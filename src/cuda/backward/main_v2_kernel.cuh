@@ -1,0 +1,418 @@
+// The backward's main kernel, v2 on FP8 wgmma (docs/kernels/bwd_sm90.md "v2"), with v1's
+// numerics (main_kernel.cuh: the same operand bytes, scales, roundings and masks; only the FP32
+// accumulation order differs).
+//
+// One CTA of 384 threads per (key block of 128, batch, kv head). Warp 0 produces: per step (a
+// query head of the GQA group and a block of 64 queries) it loads Q, dO_v, dO_t and Q_t by TMA
+// and the LSE / D rows by plain loads into a kV2Stages-deep ring. Consumer warpgroup cw (1 + cw)
+// owns keys 64cw..64cw+63 of the block and per step computes
+//   S^T  = K Q^T       (ss, E4M3 x E4M3)   -> P = exp2(S * c - LSE * log2 e), 0 where masked
+//   dP^T = V dO_v^T    (ss, E4M3 x E5M2)   -> dS = P * (dP * 2^-g' - D)
+//   dV  += (2^8 P)^T dO_t           (rs: P^T from the S^T accumulator, E4M3 x E5M2)
+//   dK  += (2^h' dS q_scale)^T Q_t   (rs: dS^T from the dP^T accumulator, E4M3 x E4M3)
+//   dQ_acc[query block][channels of cw] += (2^h dS k_scale) K   (ss over all 128 keys: both
+//       warpgroups write their keys' dS bytes to shared memory first; red.global.add.v2.f32, in
+//       key-block order when deterministic)
+// kAmax: S, P, dP, dS and the amax of dS * k_scale and dS * q_scale per (batch, head) only.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/attention/ptx.cuh"
+#include "cuda/backward/bwd_bits.h"
+#include "cuda/backward/bwd_device.cuh"
+#include "cuda/backward/bwd_params.h"
+#include "cuda/backward/mma_fp8.cuh"
+#include "cuda/backward/v2_layout.h"
+#include "cuda/backward/wgmma_bwd.cuh"
+
+namespace fp4attn::bwd {
+
+// Named barriers (0 is __syncthreads): both consumer warpgroups' dS bytes are in shared memory;
+// the deterministic dQ turn.
+constexpr int kV2DsBarrier = 1;
+constexpr int kV2TurnBarrier = 2;
+
+// Step `it` of the CTA's (head, query block) sequence in the stage ring.
+__device__ __forceinline__ int v2_stage(int it) { return it % kV2Stages; }
+__device__ __forceinline__ uint32_t v2_parity(int it) { return uint32_t(it / kV2Stages) & 1u; }
+
+// K (zero past s_k), K^T and V (un-permuted from the forward's V^T), swizzled, once per CTA.
+template <int D, bool kAmax>
+__device__ __forceinline__ void v2_load_kv(const BwdParams& p, V2Smem<D>& sm, int bhk, int n0) {
+  const uint8_t* kg = p.k + int64_t(bhk) * p.s_k * D;
+  for (int idx = threadIdx.x; idx < kV2Keys * D / 16; idx += kV2Threads) {
+    const int r = idx / (D / 16), c16 = (idx % (D / 16)) * 16;
+    uint4 w = make_uint4(0, 0, 0, 0);
+    if (n0 + r < p.s_k) w = *reinterpret_cast<const uint4*>(kg + int64_t(n0 + r) * D + c16);
+    *reinterpret_cast<uint4*>(&sm.k[swizzle_offset(r, c16, D)]) = w;
+    if constexpr (!kAmax) {
+      const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int e = 0; e < 16; ++e) {
+        sm.kt[swizzle_offset(c16 + e, r, kV2Keys)] = uint8_t(words[e / 4] >> (8 * (e % 4)));
+      }
+    }
+  }
+  const uint8_t* vg = p.vt + int64_t(bhk) * D * p.vt_pitch;
+  for (int idx = threadIdx.x; idx < D * kV2Keys / 4; idx += kV2Threads) {
+    const int c = idx / (kV2Keys / 4), pl = (idx % (kV2Keys / 4)) * 4;
+    uint32_t w = 0;
+    if (n0 + pl < p.vt_pitch) {
+      w = *reinterpret_cast<const uint32_t*>(vg + int64_t(c) * p.vt_pitch + n0 + pl);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      sm.v[swizzle_offset(uint32_t(operand_v_key_at(pl + e)), c, D)] = uint8_t(w >> (8 * e));
+    }
+  }
+}
+
+// Warp 0: the (head, query block) steps' tiles into the stage ring.
+template <int D, bool kAmax>
+__device__ __forceinline__ void v2_produce(const BwdV2Params& P, V2Smem<D>& sm, int bb, int hk,
+                                           int mb_begin, int mb_end) {
+  const BwdParams& p = P.p;
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) {
+    sm90::prefetch_tensor_map(&P.tm_q);
+    sm90::prefetch_tensor_map(&P.tm_dov);
+    if constexpr (!kAmax) {
+      sm90::prefetch_tensor_map(&P.tm_dot);
+      sm90::prefetch_tensor_map(&P.tm_qt);
+    }
+  }
+  constexpr uint32_t kBytes = (kAmax ? 2 : 4) * kV2Queries * D;
+  const int group = p.h / p.h_kv;
+  int it = 0;
+  for (int hq = hk * group; hq < (hk + 1) * group; ++hq) {
+    const int bh = bb * p.h + hq;
+    for (int mb = mb_begin; mb < mb_end; ++mb, ++it) {
+      const int s = v2_stage(it);
+      if (it >= kV2Stages) sm90::mbar_wait(&sm.empty[s], v2_parity(it) ^ 1u);
+      const int q0 = mb * kV2Queries;
+#pragma unroll
+      for (int r = 0; r < kV2Queries / 32; ++r) {
+        const int il = r * 32 + lane;
+        const int64_t i = q0 + il;
+        const bool in = i < p.s_q;
+        sm.lse2[s][il] =
+            in ? p.lse[bb * p.lse_stride[0] + hq * p.lse_stride[1] + i] * 1.4426950408889634f
+               : __int_as_float(0x7f800000);
+        sm.dsum[s][il] = in ? p.dsum[int64_t(bh) * p.s_q + i] : 0.f;
+      }
+      if (lane == 0) {
+        sm90::mbar_arrive_expect_tx(&sm.full[s], kBytes);
+        sm90::tma_load_3d(sm.st[s].q, &P.tm_q, &sm.full[s], 0, q0, bh);
+        sm90::tma_load_3d(sm.st[s].dov, &P.tm_dov, &sm.full[s], 0, q0, bh);
+        if constexpr (!kAmax) {
+          sm90::tma_load_3d(sm.st[s].dot, &P.tm_dot, &sm.full[s], q0, 0, bh);
+          sm90::tma_load_3d(sm.st[s].qt, &P.tm_qt, &sm.full[s], q0, 0, bh);
+        }
+      } else {
+        sm90::mbar_arrive(&sm.full[s]);
+      }
+    }
+  }
+}
+
+// Deterministic dQ (v1's scheme, per 64-query block): key block n adds after key blocks 0..n-1.
+__device__ __forceinline__ void v2_wait_turn(const int* turn, int want) {
+  if (threadIdx.x == kV2Threads - kV2Consumers) {
+    int v;
+    do {
+      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(turn) : "memory");
+    } while (v != want);
+  }
+  sm90::named_barrier_sync(kV2TurnBarrier, kV2Consumers);
+}
+
+__device__ __forceinline__ void v2_pass_turn(int* turn) {
+  __threadfence();
+  sm90::named_barrier_sync(kV2TurnBarrier, kV2Consumers);
+  if (threadIdx.x == kV2Threads - kV2Consumers) atomicAdd(turn, 1);
+}
+
+// The FP8 A operand (two k-steps of 32 queries) from a 64 x 64 accumulator (bwd_bits.h
+// a_source_element): P^T or dS^T with no shuffle, against the permuted dO_t / Q_t.
+__device__ __forceinline__ void v2_pack_a(const float (&x)[32], uint32_t (&a)[2][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 2; ++kk) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float* g = x + 16 * kk;
+      a[kk][r] = e4m3x4(g[a_source_element(r, 0)], g[a_source_element(r, 1)],
+                        g[a_source_element(r, 2)], g[a_source_element(r, 3)]);
+    }
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void v2_fence(float (&r)[N]) {
+  sm90::fence_regs(r);
+}
+__device__ __forceinline__ void v2_fence(uint32_t (&a)[2][4]) {
+  sm90::fence_regs(a[0]);
+  sm90::fence_regs(a[1]);
+}
+
+// dK and dV of the warpgroup's 64 keys in the gradients' dtype.
+template <int D>
+__device__ __forceinline__ void v2_store_kv(const BwdParams& p, const float (&dk)[D / 2],
+                                            const float (&dv)[D / 2], int u_dk, int u_dv, int bb,
+                                            int hk, int key0, int t) {
+  const Pow2 uk(u_dk), uv(u_dv);
+#pragma unroll
+  for (int e = 0; e < D / 2; ++e) {
+    const int64_t key = key0 + 8 * accum_row_half(e);
+    const int c = accum_col(e, t);
+    if (key < p.s_k) {
+      store_grad(p.dk, bb * p.dk_stride[0] + key * p.dk_stride[1] + hk * p.dk_stride[2] + c,
+                 p.dk_f32, uk(dk[e]) * p.softmax_scale);
+      store_grad(p.dv, bb * p.dv_stride[0] + key * p.dv_stride[1] + hk * p.dv_stride[2] + c,
+                 p.dv_f32, uv(dv[e]));
+    }
+  }
+}
+
+// Consumer warpgroup cw (0, 1): keys n0 + 64cw.. of the block.
+template <int D, bool kAmax>
+__device__ __forceinline__ void v2_consume(const BwdParams& p, V2Smem<D>& sm, int cw, int bb,
+                                           int hk, int n, int mb_begin, int mb_end) {
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int n0 = n * kV2Keys;
+  const int key_l = cw * 64 + warp * 16 + g;  // block-local key of this thread's first row
+  const int group = p.h / p.h_kv;
+  const int bhk = bb * p.h_kv + hk;
+  const float ks = p.k_scale[int64_t(bhk) * ((p.s_k + 127) / 128) + n];
+  const int64_t q_tiles = (p.s_q + 127) / 128;
+  const uint64_t desc_k = sm90::make_kmajor_desc(sm.k + cw * 64 * D, D);
+  const uint64_t desc_v = sm90::make_kmajor_desc(sm.v + cw * 64 * D, D);
+  const uint64_t desc_kt = sm90::make_kmajor_desc(sm.kt + cw * (D / 2) * kV2Keys, kV2Keys);
+
+  float dv[D / 2], dk[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
+  int u_dv = 0, u_dk = 0;  // dv * 2^u_dv is dV (dk * 2^u_dk * softmax_scale is dK)
+  int it = 0;
+
+  for (int hq = hk * group; hq < (hk + 1) * group; ++hq) {
+    const int64_t bh = int64_t(bb) * p.h + hq;
+    const float* rec = p.amax + bh * kAmaxSlots;
+    const int g_dp = pow2_scale_exp(rec[kAmaxDoFv], kE5m2Top);
+    int h_dq = 0, h_dk = 0;
+    if constexpr (!kAmax) {
+      h_dq = pow2_scale_exp(rec[kAmaxDsK], kE4m3Top);
+      h_dk = pow2_scale_exp(rec[kAmaxDsQ], kE4m3Top);
+      // Each head's operands carry their own scales: bring the sums to this head's units
+      // (a power of two: exact while in FP32 range). No wgmma is in flight here.
+      const int new_dv = -(kPLiftLog2 + pow2_scale_exp(rec[kAmaxDo], kE5m2Top)), new_dk = -h_dk;
+      if (hq != hk * group) {
+        const Pow2 rv(u_dv - new_dv), rk(u_dk - new_dk);
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) {
+          dv[i] = rv(dv[i]);
+          dk[i] = rk(dk[i]);
+        }
+      }
+      u_dv = new_dv;
+      u_dk = new_dk;
+    }
+    float m_k = 0.f, m_q = 0.f;  // kAmax: this thread's max |dS k_scale|, |dS q_scale|
+    // mul_pow2 by this head's exponents, branch-free (Pow2 in bwd_bits.h: the same bits).
+    const Pow2 dp_unit(-g_dp), to_dk(h_dk), to_dq(h_dq);
+
+    for (int mb = mb_begin; mb < mb_end; ++mb, ++it) {
+      const int s = v2_stage(it);
+      const int q0 = mb * kV2Queries;
+      const float qs = p.q_scale[bh * q_tiles + q0 / 128];
+      const float zc = qs * ks * p.scale_log2;
+      const uint64_t desc_q = sm90::make_kmajor_desc(sm.st[s].q, D);
+      const uint64_t desc_dov = sm90::make_kmajor_desc(sm.st[s].dov, D);
+      float sc[32], dp[32];
+      sm90::mbar_wait(&sm.full[s], v2_parity(it));
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 32; ++kk) {
+        wgmma_ss<64, false>(sc, desc_k + 2 * kk, desc_q + 2 * kk, kk > 0);
+      }
+      sm90::wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < D / 32; ++kk) {
+        wgmma_ss<64, true>(dp, desc_v + 2 * kk, desc_dov + 2 * kk, kk > 0);
+      }
+      sm90::wgmma_commit();
+
+      // Element e (row half h) is visible iff lo[h] <= its local query column < hi[h]: the mask
+      // of key_visible (tails of both lengths, bottom-right causal) in two compares.
+      int lo[2], hi[2];
+      {
+        const int q_lim = min(p.s_q - q0, kV2Queries);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int key = n0 + key_l + 8 * h;
+          lo[h] = p.causal ? max(0, key - (p.s_k - p.s_q) - q0) : 0;
+          hi[h] = key < p.s_k ? q_lim : 0;
+        }
+      }
+      auto visible = [&](int e) {
+        const int c = accum_col(e, t), h = accum_row_half(e);
+        return c >= lo[h] && c < hi[h];
+      };
+      // LSE and D of this thread's 16 query columns (pairs 8j + 2t, 8j + 2t + 1).
+      const float* lse2 = sm.lse2[s];
+      const float* dsum = sm.dsum[s];
+      auto row_value = [&](const float* v, int e) { return v[accum_col(e, t)]; };
+      sm90::wgmma_wait<1>();
+      v2_fence(sc);
+#pragma unroll
+      for (int e = 0; e < 32; ++e) {
+        const float pv = exp2f(fmaf(sc[e], zc, -row_value(lse2, e)));
+        sc[e] = visible(e) ? pv : 0.f;
+      }
+      v2_fence(sc);  // P is computed here, while the dP^T wgmmas run, not after their wait
+      sm90::wgmma_wait<0>();
+      v2_fence(dp);
+      if constexpr (kAmax) {
+#pragma unroll
+        for (int e = 0; e < 32; ++e) {
+          const float dse = sc[e] * (dp_unit(dp[e]) - row_value(dsum, e));
+          const float ds = visible(e) ? dse : 0.f;
+          m_k = fmaxf(m_k, fabsf(ds * ks));
+          m_q = fmaxf(m_q, fabsf(ds * qs));
+        }
+        // The stage (tiles, LSE, D) is no longer read by this thread: every consumer thread
+        // arrives (v2_layout.h kV2EmptyArrivals), each releasing its own LSE / D loads.
+        sm90::mbar_arrive(&sm.empty[s]);
+      } else {
+        // dS_k bytes of element e at ds_at[e % 2][row half] + 1024 (e / 4): query row
+        // 8 (e / 4) + 2t + e % 2, key column key_l + 8 h, swizzled (row % 8 = 2t + e % 2).
+        uint8_t* ds_tile = sm.ds[it & 1];
+        uint32_t ds_at[2][2];
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            ds_at[b][h] = swizzle_offset(2 * t + b, key_l + 8 * h, kV2Keys);
+          }
+        }
+        // Two copies: one multiply per power of two when all three are in range (the usual
+        // case: a uniform branch), Pow2's two otherwise; the same bits either way.
+        auto ds_elements = [&](auto single) {
+          constexpr bool kSingle = decltype(single)::value;
+#pragma unroll
+          for (int e = 0; e < 32; ++e) {
+            const float dse = sc[e] * (dp_unit.apply<kSingle>(dp[e]) - row_value(dsum, e));
+            const float ds = visible(e) ? dse : 0.f;
+            sc[e] *= 256.f;  // 2^kPLiftLog2
+            dp[e] = to_dk.apply<kSingle>(ds * qs);
+            ds_tile[ds_at[e & 1][accum_row_half(e)] + 1024 * (e >> 2)] =
+                uint8_t(e4m3x2(to_dq.apply<kSingle>(ds * ks), 0.f));
+          }
+        };
+        if (dp_unit.single() && to_dk.single() && to_dq.single()) {
+          ds_elements(std::true_type{});
+        } else {
+          ds_elements(std::false_type{});
+        }
+        uint32_t pa[2][4], da[2][4];
+        v2_pack_a(sc, pa);
+        v2_pack_a(dp, da);
+        const uint64_t desc_dot = sm90::make_kmajor_desc(sm.st[s].dot, kV2Queries);
+        const uint64_t desc_qt = sm90::make_kmajor_desc(sm.st[s].qt, kV2Queries);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) wgmma_rs<D, true>(dv, pa[kk], desc_dot + 2 * kk, 1);
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) wgmma_rs<D, false>(dk, da[kk], desc_qt + 2 * kk, 1);
+        sm90::wgmma_commit();
+
+        // dQ: both warpgroups' dS bytes (generic-proxy writes) before the wgmma reads them.
+        sm90::fence_async_shared();
+        sm90::named_barrier_sync(kV2DsBarrier, kV2Consumers);
+        const uint64_t desc_ds = sm90::make_kmajor_desc(ds_tile, kV2Keys);
+        float dq[D / 4];
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kV2Keys / 32; ++kk) {
+          wgmma_ss<D / 2, false>(dq, desc_ds + 2 * kk, desc_kt + 2 * kk, kk > 0);
+        }
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        v2_fence(dv);
+        v2_fence(dk);
+        v2_fence(dq);
+        v2_fence(pa);
+        v2_fence(da);
+        sm90::mbar_arrive(&sm.empty[s]);  // every consumer thread, as in the amax pass
+
+        int* turn = p.dq_turn + bh * (p.s_q_pad / kV2Queries) + mb;
+        if (p.deterministic) v2_wait_turn(turn, n);
+        float* acc = p.dq_acc + (bh * p.s_q + q0 + warp * 16 + g) * D + cw * (D / 2);
+#pragma unroll
+        for (int e = 0; e < D / 4; e += 2) {
+          const int h8 = accum_row_half(e);
+          if (q0 + warp * 16 + g + 8 * h8 < p.s_q) {
+            float* a = acc + 8 * h8 * D + accum_col(e, t);
+            asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a), "f"(dq[e]),
+                         "f"(dq[e + 1])
+                         : "memory");
+          }
+        }
+        if (p.deterministic) v2_pass_turn(turn);
+      }
+    }
+
+    if constexpr (kAmax) {
+      m_k = warp_max(m_k);
+      m_q = warp_max(m_q);
+      if (lane == 0) {
+        float* r = p.amax + bh * kAmaxSlots;
+        if (m_k > 0.f) atomic_max_nonneg(r + kAmaxDsK, m_k);
+        if (m_q > 0.f) atomic_max_nonneg(r + kAmaxDsQ, m_q);
+      }
+    }
+  }
+  if constexpr (!kAmax) v2_store_kv<D>(p, dk, dv, u_dk, u_dv, bb, hk, n0 + key_l, t);
+}
+
+template <int D, bool kAmax>
+__global__ void __launch_bounds__(kV2Threads, 1)
+    bwd_main_v2_kernel(const __grid_constant__ BwdV2Params P) {
+  const BwdParams& p = P.p;
+  extern __shared__ uint8_t smem_raw[];
+  // Aligned to 1024 (the 128-byte swizzle's period) by pointer arithmetic on the shared array, so
+  // that the compiler keeps shared-memory instructions (a detour through an integer made every
+  // access generic).
+  auto& sm =
+      *reinterpret_cast<V2Smem<D>*>(smem_raw + ((1024u - sm90::smem_addr(smem_raw)) & 1023u));
+  const int n = int(blockIdx.x % unsigned(p.key_blocks));
+  const int bhk = int(blockIdx.x / unsigned(p.key_blocks));  // batch * h_kv + kv head
+  const int bb = bhk / p.h_kv, hk = bhk % p.h_kv;
+  const int n0 = n * kV2Keys;
+  const int mb_begin = int(first_query_block(n0, p.s_q, p.s_k, p.causal, kV2Queries));
+  const int mb_end = p.s_q_pad / kV2Queries;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kV2Stages; ++s) {
+      sm90::mbar_init(&sm.full[s], kV2FullArrivals);
+      sm90::mbar_init(&sm.empty[s], kV2EmptyArrivals);
+    }
+    sm90::fence_barrier_init();
+  }
+  v2_load_kv<D, kAmax>(p, sm, bhk, n0);
+  sm90::fence_async_shared();  // the generic-proxy tile writes, before wgmma reads them
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    sm90::setmaxnreg_dec<24>();
+    if (threadIdx.x < 32) v2_produce<D, kAmax>(P, sm, bb, hk, mb_begin, mb_end);
+  } else {
+    sm90::setmaxnreg_inc<240>();
+    v2_consume<D, kAmax>(p, sm, wg - 1, bb, hk, n, mb_begin, mb_end);
+  }
+}
+
+}  // namespace fp4attn::bwd
