@@ -39,18 +39,25 @@ def case_name(d, s, causal):
     return f"d{d}-s{s}-{'causal' if causal else 'noncausal'}"
 
 
-def time_stats(fn, warmup, min_reps, min_time_ms, max_reps=2000):
+def time_stats(fn, warmup, min_reps, min_time_ms, max_reps=2000, setup=None):
     """Median, min, max milliseconds and the call count: each call between two CUDA events, at
-    least min_reps calls and min_time_ms in all (from a 3-call estimate), after `warmup` calls."""
+    least min_reps calls and min_time_ms in all (from a 3-call estimate), after `warmup` calls.
+    With `setup`, each call is fn(setup()), setup's work enqueued before the start event and so
+    not timed (bench/bwd_peers.py: a new forward before each timed backward)."""
+
+    def call():
+        return fn() if setup is None else fn(setup())
+
     for _ in range(warmup):
-        fn()
+        call()
 
     def run(n):
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(n)]
         for start, stop in events:
+            arg = None if setup is None else setup()
             start.record()
-            fn()
+            fn() if setup is None else fn(arg)
             stop.record()
         torch.cuda.synchronize()
         return sorted(start.elapsed_time(stop) for start, stop in events)

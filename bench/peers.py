@@ -51,6 +51,8 @@ def time_ms(fn, warmup=5, reps=20):
 
 def read_clocks():
     """SM clock, its maximum, power and temperature from nvidia-smi (None when unavailable)."""
+    if not torch.cuda.is_available():
+        return None
     try:
         line = subprocess.run(
             ["nvidia-smi", "-i", str(torch.cuda.current_device()),
@@ -116,16 +118,16 @@ def measure_ceilings(reps):
 def part_doc(suite, revision, config):
     """The header of a suite's peers part (fwd, decode, paged-prefill): what ran where, when, with
     which software, and the clocks before; write_part adds the records' clocks after."""
-    dev = torch.cuda.get_device_properties(torch.cuda.current_device())
+    cuda = torch.cuda.is_available()  # False only in CPU smoke runs (bench/bwd_peers.py)
     return {
         "suite": suite,
         "part": "peers",
         "revision": revision or git_revision(),
-        "device": dev.name,
+        "device": torch.cuda.get_device_name(torch.cuda.current_device()) if cuda else "cpu",
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": shlex.join([os.path.basename(sys.executable)] + sys.argv),
         "software": {"torch": torch.__version__, "cuda": torch.version.cuda,
-                     "cudnn": torch.backends.cudnn.version()},
+                     "cudnn": torch.backends.cudnn.version() if cuda else None},
         "clocks": {"before": read_clocks()},
         "config": config,
     }

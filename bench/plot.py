@@ -333,6 +333,7 @@ def fwd_png(doc, path, plt):
 # ---- any other suite --------------------------------------------------------------------------
 
 GENERIC_FIELDS = ("case", "recipe", "peer", "b", "h", "h_kv", "s_q", "s_k", "d", "causal", "ms",
+                  "median_ms",
                   "tflops", "tbps", "efficiency", "peer_ms", "speedup", "cos", "rel_l2", "error")
 
 
