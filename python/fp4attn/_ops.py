@@ -348,11 +348,16 @@ def _attn_setup_context(ctx, inputs, output):
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.options = (recipe, softmax_scale, causal, d_source)
+    # An unused LSE output then reaches the backward as None, not as a zero tensor whose check
+    # (attn_bwd: any nonzero?) would cost a fill, a reduction and a device sync every call.
+    ctx.set_materialize_grads(False)
 
 
 def _attn_backward(ctx, grad_o, grad_lse):
     q, k, v, o, lse = ctx.saved_tensors
     recipe, softmax_scale, causal, d_source = ctx.options
+    if grad_o is None:  # only the LSE was used: its gradient is refused below, or zero
+        grad_o = torch.zeros_like(o)
     dq, dk, dv = attn_bwd(
         grad_o.contiguous(), q, k, v, o, lse, grad_lse, recipe, softmax_scale, causal, d_source
     )
