@@ -1,7 +1,7 @@
 // `fp4attn decode`: decode (or speculative decode) over a paged NVFP4 / FP8 KV cache built from
-// seeded BF16 tokens through a shuffled page table; the golden model on the CPU or the decode
-// kernel on the GPU; accuracy against float64 attention of the unquantized tokens, time and the
-// cache bytes read per second.
+// the standard suite's seeded inputs (fp4attn/suite.h) through a shuffled page table; the golden
+// model on the CPU or the decode kernel on the GPU; accuracy against float64 attention of the
+// unquantized tokens, time and the cache bytes read per second.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -13,6 +13,7 @@
 #include "fp4attn/metrics.h"
 #include "fp4attn/paged_kv.h"
 #include "fp4attn/reference.h"
+#include "fp4attn/suite.h"
 #include "gpu/decode_gpu.h"
 #include "reference/paged_host_cache.h"
 
@@ -28,6 +29,8 @@ const std::vector<FlagSpec> kDecodeFlags = {
     {"head-dim", true, "64 or 128", "128"},
     {"page-size", true, "tokens per page", "16"},
     {"format", true, "nvfp4, fp8 or 'all'", "all"},
+    {"input", true, "gaussian, outliers, large-logits, near-uniform or 'all' (fp4attn/suite.h)",
+     "gaussian"},
     {"backend", true,
      "'auto' (the GPU kernel where it runs, else the golden model), 'gpu' or 'cpu'", "auto"},
     {"seed", true, "input seed", "0"},
@@ -69,9 +72,23 @@ std::vector<KvCacheFormat> parse_formats(const Args& a) {
   throw UsageError("--format: expected nvfp4, fp8 or all, got '" + f + "'");
 }
 
-// N(0, 1) values rounded to BF16 (what a BF16 model hands the cache), as F32.
-std::vector<float> bf16_normal(size_t n, uint32_t seed) {
-  std::vector<float> x = paged_host::normal(n, seed);
+std::vector<InputKind> parse_inputs(const Args& a) {
+  const std::string name = a.get("input", "gaussian");
+  if (name == "all") {
+    return {InputKind::kGaussian, InputKind::kOutlierChannels, InputKind::kLargeLogits,
+            InputKind::kNearUniform};
+  }
+  InputKind k;
+  if (!parse_input_kind(name, &k)) {
+    throw UsageError(
+        "--input: expected gaussian, outliers, large-logits, near-uniform or all, got '" + name +
+        "'");
+  }
+  return {k};
+}
+
+// The suite's values are BF16-exact (what a BF16 model hands the cache).
+std::vector<float> bf16_exact(std::vector<float> x) {
   for (float& v : x) v = bf16_bits_to_float(float_to_bf16_bits(v));
   return x;
 }
@@ -91,6 +108,7 @@ int cmd_decode(const std::vector<std::string>& argv) {
   }
   const Shape s = parse_shape(a);
   const std::vector<KvCacheFormat> formats = parse_formats(a);
+  const std::vector<InputKind> inputs = parse_inputs(a);
   const std::string backend = a.get("backend", "auto");
   if (backend != "auto" && backend != "gpu" && backend != "cpu") {
     throw UsageError("--backend: expected auto, gpu or cpu, got '" + backend + "'");
@@ -103,11 +121,8 @@ int cmd_decode(const std::vector<std::string>& argv) {
   const bool gpu = backend != "cpu" && why_not_gpu.empty();
   const uint32_t seed = static_cast<uint32_t>(a.get_int("seed", 0, 0, 0xFFFFFFFFll));
 
-  // Tokens, queries (the last s_q tokens of each sequence), page table, slots.
+  // Page table and slots (the same for every input).
   const int64_t tokens = s.b * s.len;
-  std::vector<float> k = bf16_normal(tokens * s.h_kv * s.d, seed * 3 + 1);
-  std::vector<float> v = bf16_normal(tokens * s.h_kv * s.d, seed * 3 + 2);
-  std::vector<float> q = bf16_normal(s.b * s.s_q * s.h * s.d, seed * 3 + 3);
   const int64_t pages_per_seq = (s.len + s.page_size - 1) / s.page_size;
   const int64_t num_pages = s.b * pages_per_seq + 1;
   const paged_host::PageTable pt = paged_host::random_pages(
@@ -117,25 +132,9 @@ int cmd_decode(const std::vector<std::string>& argv) {
     for (int64_t j = 0; j < s.len; ++j) slots[bi * s.len + j] = pt.slot(bi, j);
   }
   std::vector<int32_t> table = pt.table, lens = pt.lens;
-  const TensorView tq = make_view(q.data(), DType::kF32, {s.b, s.s_q, s.h, s.d});
   const TensorView tbt = make_view(table.data(), DType::kI32, {s.b, pt.max_pages});
   const TensorView tlen = make_view(lens.data(), DType::kI32, {s.b});
   PagedAttentionOptions opt;  // causal bottom-right: the queries are the last cached tokens
-
-  // float64 attention over the unquantized tokens.
-  std::vector<double> exact(s.b * s.s_q * s.h * s.d);
-  {
-    AttentionOptions ao;
-    ao.causal = true;
-    const Status st = reference_attention_forward(
-        tq, make_view(k.data(), DType::kF32, {s.b, s.len, s.h_kv, s.d}),
-        make_view(v.data(), DType::kF32, {s.b, s.len, s.h_kv, s.d}), ao,
-        make_view(exact.data(), DType::kF64, {s.b, s.s_q, s.h, s.d}), TensorView{});
-    if (!st.ok()) {
-      std::fprintf(stderr, "fp4attn decode: reference: %s\n", st.message().c_str());
-      return 1;
-    }
-  }
 
   std::printf(
       "decode: b=%lld, %lld/%lld heads, context %lld, %lld query token(s), d=%lld, "
@@ -143,47 +142,70 @@ int cmd_decode(const std::vector<std::string>& argv) {
       (long long)s.b, (long long)s.h, (long long)s.h_kv, (long long)s.len, (long long)s.s_q,
       (long long)s.d, (long long)s.page_size, gpu ? "gpu" : "cpu (golden model)",
       (!gpu && backend == "auto") ? (" — GPU: " + why_not_gpu).c_str() : "");
-  std::printf("%-6s %10s %10s %9s %10s %10s %12s\n", "format", "cache MB", "ms", "GB/s", "cos",
-              "rel_l2", "vs golden");
-  for (KvCacheFormat f : formats) {
-    paged_host::OwnedCache cache(f, num_pages, s.page_size, s.h_kv, s.d);
-    const PagedKvCache view = cache.view();
-    Status st = paged_kv_append(make_view(k.data(), DType::kF32, {tokens, s.h_kv, s.d}),
-                                make_view(v.data(), DType::kF32, {tokens, s.h_kv, s.d}),
-                                make_view(slots.data(), DType::kI32, {tokens}), view);
-    std::vector<double> golden(exact.size()), out(exact.size());
-    const TensorView tgold = make_view(golden.data(), DType::kF64, {s.b, s.s_q, s.h, s.d});
-    double ms = 0;
-    if (st.ok()) {
-      const auto t0 = std::chrono::steady_clock::now();
-      st = golden_paged_attention(tq, TensorView{}, view, tbt, tlen, opt, tgold, TensorView{});
-      ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("%-13s %-6s %10s %10s %9s %10s %10s %12s\n", "input", "format", "cache MB", "ms",
+              "GB/s", "cos", "rel_l2", "vs golden");
+  for (InputKind kind : inputs) {
+    // The suite's tokens; the queries are the last s_q tokens of each sequence.
+    const SuiteInputs in = make_inputs(kind, s.b, s.s_q, s.len, s.h, s.h_kv, s.d, seed);
+    std::vector<float> k = bf16_exact(in.k), v = bf16_exact(in.v), q = bf16_exact(in.q);
+    const TensorView tq = make_view(q.data(), DType::kF32, {s.b, s.s_q, s.h, s.d});
+
+    // float64 attention over the unquantized tokens.
+    std::vector<double> exact(s.b * s.s_q * s.h * s.d);
+    {
+      AttentionOptions ao;
+      ao.causal = true;
+      const Status st = reference_attention_forward(
+          tq, make_view(k.data(), DType::kF32, {s.b, s.len, s.h_kv, s.d}),
+          make_view(v.data(), DType::kF32, {s.b, s.len, s.h_kv, s.d}), ao,
+          make_view(exact.data(), DType::kF64, {s.b, s.s_q, s.h, s.d}), TensorView{});
+      if (!st.ok()) {
+        std::fprintf(stderr, "fp4attn decode: reference: %s\n", st.message().c_str());
+        return 1;
+      }
     }
-    if (st.ok() && gpu) {
-      st = run_decode_gpu(view, tq, tbt, tlen, opt,
-                          make_view(out.data(), DType::kF64, {s.b, s.s_q, s.h, s.d}), &ms);
+
+    for (KvCacheFormat f : formats) {
+      paged_host::OwnedCache cache(f, num_pages, s.page_size, s.h_kv, s.d);
+      const PagedKvCache view = cache.view();
+      Status st = paged_kv_append(make_view(k.data(), DType::kF32, {tokens, s.h_kv, s.d}),
+                                  make_view(v.data(), DType::kF32, {tokens, s.h_kv, s.d}),
+                                  make_view(slots.data(), DType::kI32, {tokens}), view);
+      std::vector<double> golden(exact.size()), out(exact.size());
+      const TensorView tgold = make_view(golden.data(), DType::kF64, {s.b, s.s_q, s.h, s.d});
+      double ms = 0;
+      if (st.ok()) {
+        const auto t0 = std::chrono::steady_clock::now();
+        st = golden_paged_attention(tq, TensorView{}, view, tbt, tlen, opt, tgold, TensorView{});
+        ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                 .count();
+      }
+      if (st.ok() && gpu) {
+        st = run_decode_gpu(view, tq, tbt, tlen, opt,
+                            make_view(out.data(), DType::kF64, {s.b, s.s_q, s.h, s.d}), &ms);
+      }
+      if (!st.ok()) {
+        std::fprintf(stderr, "fp4attn decode: %s: %s\n", kv_cache_format_name(f),
+                     st.message().c_str());
+        return 1;
+      }
+      // Bytes the call must read: every cached token's K and V data and scales.
+      const double per_value = f == KvCacheFormat::kNvfp4 ? 0.5 + 1.0 / 16 : 1.0;
+      const double mb = double(tokens) * s.h_kv * s.d * 2 * per_value / 1e6;
+      const std::vector<double>& result = gpu ? out : golden;
+      const ErrorStats e = compare(result.data(), exact.data(), int64_t(exact.size()));
+      std::string vs_golden = "-";
+      if (gpu) {
+        const ErrorStats g = compare(out.data(), golden.data(), int64_t(out.size()));
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.3g", g.rel_l2);
+        vs_golden = buf;
+      }
+      char gbps[32] = "-";  // the golden model's time is not a bandwidth
+      if (gpu) std::snprintf(gbps, sizeof gbps, "%.1f", mb / ms);
+      std::printf("%-13s %-6s %10.2f %10.4f %9s %10.6f %10.5f %12s\n", input_kind_name(kind),
+                  kv_cache_format_name(f), mb, ms, gbps, e.cos, e.rel_l2, vs_golden.c_str());
     }
-    if (!st.ok()) {
-      std::fprintf(stderr, "fp4attn decode: %s: %s\n", kv_cache_format_name(f),
-                   st.message().c_str());
-      return 1;
-    }
-    // Bytes the call must read: every cached token's K and V data and scales.
-    const double per_value = f == KvCacheFormat::kNvfp4 ? 0.5 + 1.0 / 16 : 1.0;
-    const double mb = double(tokens) * s.h_kv * s.d * 2 * per_value / 1e6;
-    const std::vector<double>& result = gpu ? out : golden;
-    const ErrorStats e = compare(result.data(), exact.data(), int64_t(exact.size()));
-    std::string vs_golden = "-";
-    if (gpu) {
-      const ErrorStats g = compare(out.data(), golden.data(), int64_t(out.size()));
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%.3g", g.rel_l2);
-      vs_golden = buf;
-    }
-    char gbps[32] = "-";  // the golden model's time is not a bandwidth
-    if (gpu) std::snprintf(gbps, sizeof gbps, "%.1f", mb / ms);
-    std::printf("%-6s %10.2f %10.4f %9s %10.6f %10.5f %12s\n", kv_cache_format_name(f), mb, ms,
-                gbps, e.cos, e.rel_l2, vs_golden.c_str());
   }
   std::printf(
       "cos / rel_l2: against float64 attention of the unquantized tokens; vs golden: "

@@ -26,6 +26,10 @@ expect_run(0 "--seqlen-q" run --help)
 expect_run(0 "--query-tokens" decode --help)
 expect_run(0 "rel_l2" decode --backend cpu --batch 2 --heads 4 --kv-heads 2 --context 100
            --query-tokens 2 --head-dim 64 --page-size 16)
+expect_run(0 "near-uniform  fp8" decode --backend cpu --batch 1 --heads 4 --kv-heads 2 --context 64
+           --head-dim 64 --input all)
+expect_run(2 "--input: expected gaussian, outliers, large-logits, near-uniform or all, got 'zeros'"
+           decode --input zeros)
 expect_run(2 "--format: expected nvfp4, fp8 or all, got 'int4'" decode --format int4)
 expect_run(2 "--query-tokens: 9 is more than --context 8" decode --context 8 --query-tokens 9)
 expect_run(2 "--backend: expected auto, gpu or cpu" decode --backend tpu)
