@@ -4,6 +4,18 @@
 
 namespace fp4attn {
 
+// Which O enters D = rowsum(dO * O) (docs/numerics.md §8, "D from the forward's O or from a
+// high-precision O"); the golden backward's BackwardOptions and the GPU's BackwardCudaOptions.
+enum class DSource {
+  // The `o` argument: the quantized forward's output, as issue 8 specifies by default.
+  kForwardO,
+  // O rebuilt from the backward's own P and V, sum_j p_ij v_j (Attn-QAT's high-precision O): then
+  // every row of dS sums to zero. Same as kForwardO for nvfp4-fast and fp4-direct. With the GPU's
+  // FP8 arithmetic (kEmulatedFp8, the GPU backward): D_i = sum_j p_ij dP_ij of the p and the FP8
+  // product's dP that form dS (numerics.md §8), so the rows of dS sum to zero up to FP32 rounding.
+  kHighPrecisionO,
+};
+
 struct BackwardCudaOptions {
   // dQ gathers one contribution per key block. false: FP32 atomic adds in whatever order the
   // CTAs reach them (run-to-run differences in the last bits). true: the key blocks of each
@@ -14,6 +26,10 @@ struct BackwardCudaOptions {
   // environment variable FP4ATTN_BWD_KERNEL ("v1" or "v2") when set, else v2; 1 = v1 (mma.sync);
   // 2 = v2 (wgmma). Both compute the same numerics (they differ in FP32 summation order only).
   int kernel = 0;
+  // The D of dS = p (dP - D). kHighPrecisionO (training: a key bias gets no spurious gradient)
+  // needs the v2 kernel: v2 sums p dP per query row in its amax pass (FP32 atomics, in key-block
+  // turns when deterministic); v1 refuses it with Unsupported.
+  DSource d_source = DSource::kForwardO;
 };
 
 }  // namespace fp4attn

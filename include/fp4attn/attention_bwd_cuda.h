@@ -4,7 +4,8 @@
 // golden_attention_backward(..., BackwardArithmetic::kEmulatedFp8) (docs/numerics.md §8): S is
 // rebuilt from the forward's E4M3 Q/K operands, P = exp2(S * scale * log2 e - LSE * log2 e), every
 // GEMM operand is FP8 (E4M3 Q, K, V, P lifted by 2^8, dS; E5M2 dO) with per-(batch, head)
-// power-of-two scales, FP32 accumulation, D = rowsum(dO * O) from the forward's O.
+// power-of-two scales, FP32 accumulation, D = rowsum(dO * O) from the forward's O (default) or,
+// with BackwardCudaOptions::d_source = kHighPrecisionO (v2 kernel), D = sum_j p_ij dP_ij.
 //
 // Two entry points, as the forward's:
 //  * attention_backward_operands_cuda: on the kernel operands the forward ran on

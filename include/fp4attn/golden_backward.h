@@ -2,20 +2,12 @@
 // docs/numerics.md §8 states what they are the gradient of and every FP8 offset).
 #pragma once
 
+#include "fp4attn/attention_bwd.h"  // DSource
 #include "fp4attn/golden.h"
 #include "fp4attn/status.h"
 #include "fp4attn/tensor.h"
 
 namespace fp4attn {
-
-// Which O enters D = rowsum(dO * O).
-enum class DSource {
-  // The `o` argument: the quantized forward's output, as issue 8 specifies by default.
-  kForwardO,
-  // O rebuilt from the backward's own P and V, sum_j p_ij v_j (Attn-QAT's high-precision O): then
-  // every row of dS sums to zero. Same as kForwardO for nvfp4-fast and fp4-direct.
-  kHighPrecisionO,
-};
 
 enum class BackwardArithmetic {
   kFloat64,  // every product and sum in float64

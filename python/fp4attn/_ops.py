@@ -268,11 +268,6 @@ def _attn_bwd_cuda(dout, q, k, v, o, lse, recipe, softmax_scale, causal, d_sourc
             f"recipe: '{recipe}' has no GPU backward yet (it has: "
             f"{', '.join(GPU_BACKWARD_RECIPES)}); run attn_func on CPU tensors for its gradients"
         )
-    if d_source != "forward-o":
-        raise UnsupportedError(
-            f"d_source: '{d_source}' is CPU-only for now; the GPU backward takes D from the "
-            "forward's O ('forward-o')"
-        )
     # BF16 gradients come straight from the kernel (RNE of its FP32 sums); FP16 ones via FP32.
     gdt = torch.bfloat16 if q.dtype == torch.bfloat16 else torch.float32
     dq = torch.empty(q.shape, dtype=gdt, device=q.device)
@@ -294,6 +289,7 @@ def _attn_bwd_cuda(dout, q, k, v, o, lse, recipe, softmax_scale, causal, d_sourc
             softmax_scale,
             causal,
             torch.are_deterministic_algorithms_enabled(),
+            d_source,
             cuda_stream(q.device),
         )
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
@@ -318,8 +314,8 @@ def attn_bwd(
 
     dlse, the gradient reaching the LSE output, must be None or all zero: the LSE is not
     differentiated (a nonzero one raises UnsupportedError rather than being dropped). CUDA
-    tensors: the GPU backward (exp2 recipes, d_source 'forward-o'; deterministic when
-    torch.use_deterministic_algorithms is on); CPU tensors: the golden model."""
+    tensors: the GPU backward (exp2 recipes; 'high-precision-o' needs its v2 kernel, the default;
+    deterministic when torch.use_deterministic_algorithms is on); CPU tensors: the golden model."""
     if dlse is not None and bool(dlse.ne(0).any()):
         raise UnsupportedError(
             "lse: fp4attn's backward differentiates o only; a loss that depends on the returned "

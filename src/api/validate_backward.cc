@@ -1,5 +1,7 @@
 #include "api/validate_backward.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "api/validate_attention.h"
@@ -50,6 +52,26 @@ Status check_backward_rest(const TensorView& lse, const TensorView& dout, const 
 }
 
 }  // namespace
+
+int backward_main_kernel(const BackwardCudaOptions& bopt) {
+  if (bopt.kernel == 1 || bopt.kernel == 2) return bopt.kernel;
+  const char* env = std::getenv("FP4ATTN_BWD_KERNEL");
+  if (env != nullptr && (std::strcmp(env, "v1") == 0 || std::strcmp(env, "1") == 0)) return 1;
+  return 2;
+}
+
+Status validate_backward_options(const BackwardCudaOptions& bopt) {
+  if (bopt.d_source != DSource::kForwardO && bopt.d_source != DSource::kHighPrecisionO) {
+    return Status::Invalid("d_source: unknown DSource value " +
+                           str(static_cast<int64_t>(bopt.d_source)));
+  }
+  if (bopt.d_source == DSource::kHighPrecisionO && backward_main_kernel(bopt) == 1) {
+    return Status::Unsupported(
+        "d_source: kHighPrecisionO needs the v2 main kernel; kernel selects v1 (kernel = 1 or "
+        "FP4ATTN_BWD_KERNEL=v1), which has kForwardO only");
+  }
+  return Status::Ok();
+}
 
 bool backward_recipe_supported(Recipe recipe) {
   return recipe == Recipe::kFp8 || recipe == Recipe::kNvfp4 || recipe == Recipe::kNvfp4Hx ||

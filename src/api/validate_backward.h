@@ -23,4 +23,13 @@ Status validate_backward_inputs(const TensorView& q, const TensorView& k, const 
                                 const TensorView& lse, const TensorView& dout, const TensorView& dq,
                                 const TensorView& dk, const TensorView& dv, ForwardShape* shape);
 
+// The main kernel a call runs (docs/kernels/bwd_sm90.md): bopt.kernel when 1 or 2, else the
+// environment variable FP4ATTN_BWD_KERNEL (read at every call, so that a process can switch
+// between runs; "v1" or "1" selects v1), else 2.
+int backward_main_kernel(const BackwardCudaOptions& bopt);
+
+// BackwardCudaOptions: d_source a known value; kHighPrecisionO only on the v2 main kernel
+// (Unsupported on v1, naming both options).
+Status validate_backward_options(const BackwardCudaOptions& bopt);
+
 }  // namespace fp4attn

@@ -12,6 +12,13 @@ Recipe recipe_arg(const std::string& name) {
   throw nb::value_error(("recipe: unknown recipe '" + name + "' (known: " + known + ")").c_str());
 }
 
+DSource d_source_arg(const std::string& name) {
+  if (name == "forward-o") return DSource::kForwardO;
+  if (name == "high-precision-o") return DSource::kHighPrecisionO;
+  throw nb::value_error(
+      ("d_source: expected 'forward-o' or 'high-precision-o', got '" + name + "'").c_str());
+}
+
 OperandRole role_arg(const std::string& name) {
   if (name == "q") return OperandRole::kQ;
   if (name == "k") return OperandRole::kK;

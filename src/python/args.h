@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "fp4attn/attention_bwd.h"
 #include "fp4attn/operands.h"
 #include "fp4attn/paged_kv.h"
 #include "fp4attn/quantize.h"
@@ -21,6 +22,8 @@ using OptArray = std::optional<Array>;
 Recipe recipe_arg(const std::string& name);
 // "q" / "k" / "v" -> OperandRole.
 OperandRole role_arg(const std::string& name);
+// "forward-o" / "high-precision-o" -> DSource (the backward's D, docs/numerics.md §8).
+DSource d_source_arg(const std::string& name);
 
 // "nvfp4" / "fp8" -> KvCacheFormat; "nearest", "round-up", "four-over-six", "restricted" ->
 // Nvfp4ScaleRule (quantize.h's scale_rule_name). ValueError naming `format` / `rule` otherwise.

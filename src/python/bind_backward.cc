@@ -12,13 +12,6 @@
 namespace fp4attn::py {
 namespace {
 
-DSource d_source_arg(const std::string& name) {
-  if (name == "forward-o") return DSource::kForwardO;
-  if (name == "high-precision-o") return DSource::kHighPrecisionO;
-  throw nb::value_error(
-      ("d_source: expected 'forward-o' or 'high-precision-o', got '" + name + "'").c_str());
-}
-
 void golden_backward(const Array& q, const Array& k, const Array& v, const Array& o,
                      const Array& dout, const Array& lse, const Array& dq, const Array& dk,
                      const Array& dv, const std::string& recipe, double softmax_scale, bool causal,

@@ -189,7 +189,7 @@ void attention_backward_cuda_py(const Array& q, const Array& k, const Array& v, 
                                 const Array& lse, const Array& dout, const Array& dq,
                                 const Array& dk, const Array& dv, const std::string& recipe,
                                 double softmax_scale, bool causal, bool deterministic,
-                                uintptr_t stream) {
+                                const std::string& d_source, uintptr_t stream) {
   require_cuda({{&q, "q"},
                 {&k, "k"},
                 {&v, "v"},
@@ -201,6 +201,7 @@ void attention_backward_cuda_py(const Array& q, const Array& k, const Array& v, 
                 {&dv, "dv"}});
   BackwardCudaOptions bopt;
   bopt.deterministic = deterministic;
+  bopt.d_source = d_source_arg(d_source);
   throw_if_error(
       attention_backward_cuda(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
                               forward_options(recipe, softmax_scale, causal), to_view(o, "o"),
@@ -245,8 +246,9 @@ void bind_cuda(nb::module_& m) {
         "GPU forward attention over kernel operands, launched on `stream`.");
   m.def("attention_backward_cuda", &attention_backward_cuda_py, arg("q"), arg("k"), arg("v"),
         arg("o"), arg("lse"), arg("dout"), arg("dq"), arg("dk"), arg("dv"), arg("recipe"),
-        arg("softmax_scale"), arg("causal"), arg("deterministic"), arg("stream"),
-        "GPU backward of attention_cuda (exp2 recipes), launched on `stream`.");
+        arg("softmax_scale"), arg("causal"), arg("deterministic"), arg("d_source"), arg("stream"),
+        "GPU backward of attention_cuda (exp2 recipes), launched on `stream`. d_source: "
+        "'forward-o' or 'high-precision-o' (docs/numerics.md §8; the v2 kernel).");
   m.def(
       "check_forward_device", [] { throw_if_error(check_forward_device()); },
       "Raises ValueError saying why the current device cannot run the engine.");

@@ -103,36 +103,60 @@ void grads_emulated(const Task& t, HeadGrads* g, const Operand& qo, const Operan
   const int g_dp = scaled ? golden::pow2_scale_exp(golden::abs_max(dofv), golden::kE5m2TopLog2) : 0;
   for (double& x : dov) x = golden::e5m2_scaled(x, g_do);
   for (double& x : dofv) x = golden::e5m2_scaled(x, g_dp);
-  if (t.bopt->d_source == DSource::kForwardO) {
-    // D = sum_c dO'_c O_c with dO' the dO that dP sees (its E5M2 value, V's channel factor and
-    // 2^g' undone). D from the unrounded dO would leave sum_j P_ij dP_ij - D_i equal to dO's
-    // rounding error dotted with O: the rows of dS would not sum to zero, and a sharp row's dS,
-    // ~0 in exact arithmetic, would be that error (numerics.md §8, "D consistent with dP").
-    for (int64_t i = 0; i < sh.s_q; ++i) {
-      double acc = 0;
-      for (int64_t c = 0; c < d; ++c) {
-        if (vo.factor[c] != 0) acc += dofv[i * d + c] * o.x[i * d + c] / vo.factor[c];
-      }
-      (*drow)[i] = std::ldexp(acc, -g_dp);
+  // D from the forward's O: D_i = sum_c dO'_c O_c with dO' the dO that dP sees (its E5M2 value,
+  // V's channel factor and 2^g' undone). D from the unrounded dO would leave sum_j P_ij dP_ij - D_i
+  // equal to dO's rounding error dotted with O: the rows of dS would not sum to zero, and a sharp
+  // row's dS, ~0 in exact arithmetic, would be that error (numerics.md §8, "D consistent with
+  // dP"). Computed for kHighPrecisionO too: the dS scales h, h' come from the dS it gives.
+  std::vector<double> d_fwd(sh.s_q, 0.0);
+  for (int64_t i = 0; i < sh.s_q; ++i) {
+    double acc = 0;
+    for (int64_t c = 0; c < d; ++c) {
+      if (vo.factor[c] != 0) acc += dofv[i * d + c] * o.x[i * d + c] / vo.factor[c];
     }
+    d_fwd[i] = std::ldexp(acc, -g_dp);
   }
 
   // dP from the E5M2 dO (V's channel factor folded in) and V's E4M3 values, then dS.
-  std::vector<double> ds_k(g->ds.size(), 0.0), ds_q(g->ds.size(), 0.0);
   for (int64_t i = 0; i < sh.s_q; ++i) {
     const int64_t n = visible_keys(sh, t.opt->causal, i);
     for (int64_t j = 0; j < n; ++j) {
       double acc = 0;
       for (int64_t c = 0; c < d; ++c) acc += dofv[i * d + c] * vo.val[j * d + c];
-      const double dp = std::ldexp(acc, -g_dp);
-      const double ds = g->p[i * sk + j] * (dp - (*drow)[i]);
-      g->ds[i * sk + j] = ds;
-      ds_k[i * sk + j] = ds * ko.factor[j];  // dQ contracts over keys
-      ds_q[i * sk + j] = ds * qo.factor[i];  // dK contracts over queries
+      g->dp[i * sk + j] = std::ldexp(acc, -g_dp);
     }
   }
+  std::vector<double> ds_k(g->ds.size(), 0.0), ds_q(g->ds.size(), 0.0);
+  auto form_ds = [&](const std::vector<double>& drow_i) {
+    for (int64_t i = 0; i < sh.s_q; ++i) {
+      const int64_t n = visible_keys(sh, t.opt->causal, i);
+      for (int64_t j = 0; j < n; ++j) {
+        const double ds = g->p[i * sk + j] * (g->dp[i * sk + j] - drow_i[i]);
+        g->ds[i * sk + j] = ds;
+        ds_k[i * sk + j] = ds * ko.factor[j];  // dQ contracts over keys
+        ds_q[i * sk + j] = ds * qo.factor[i];  // dK contracts over queries
+      }
+    }
+  };
+  form_ds(d_fwd);
+  // The dS scales from D_fwd's dS in either mode: the GPU finds them in a first pass over the
+  // scores, which cannot know D_hp (a sum over every key) yet. D_hp's dS fits their headroom
+  // (top 2^8, E4M3 max 448; the rounding saturates).
   const int h_dq = scaled ? golden::pow2_scale_exp(golden::abs_max(ds_k), golden::kE4m3TopLog2) : 0;
   const int h_dk = scaled ? golden::pow2_scale_exp(golden::abs_max(ds_q), golden::kE4m3TopLog2) : 0;
+  if (t.bopt->d_source == DSource::kHighPrecisionO) {
+    // D_i = sum_j p_ij dP_ij of the very p and dP that form dS: its rows sum to zero, whatever
+    // the forward's P rounding and dO's E5M2 rounding did (numerics.md §8).
+    for (int64_t i = 0; i < sh.s_q; ++i) {
+      const int64_t n = visible_keys(sh, t.opt->causal, i);
+      double acc = 0;
+      for (int64_t j = 0; j < n; ++j) acc += g->p[i * sk + j] * g->dp[i * sk + j];
+      (*drow)[i] = acc;
+    }
+    form_ds(*drow);
+  } else {
+    *drow = d_fwd;
+  }
   const double dq_unscale = t.scale * std::ldexp(1.0, -h_dq);
   const double dk_unscale = t.scale * std::ldexp(1.0, -h_dk);
   const double dv_unscale = std::ldexp(1.0, -(lift + g_do));

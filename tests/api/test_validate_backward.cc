@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -195,6 +196,32 @@ TEST(ValidateBackward, ForwardChecksStillApply) {
     pb.tv = make_view(pb.v16.data(), DType::kBF16, {pb.b, pb.s_k, 3, pb.d});
     expect_error(pb.check_inputs(), "must divide");
   }
+}
+
+// d_source: a known value; kHighPrecisionO on v2 only (also when v1 comes from the environment),
+// deterministic or not.
+TEST(ValidateBackward, DSourceOptions) {
+  BackwardCudaOptions bopt;
+  EXPECT_TRUE(validate_backward_options(bopt).ok());
+  bopt.d_source = static_cast<DSource>(7);
+  expect_error(validate_backward_options(bopt), "d_source: unknown");
+  bopt.d_source = DSource::kHighPrecisionO;
+  for (bool det : {false, true}) {
+    bopt.deterministic = det;
+    bopt.kernel = 2;
+    EXPECT_TRUE(validate_backward_options(bopt).ok());
+    bopt.kernel = 1;
+    const Status st = validate_backward_options(bopt);
+    EXPECT_TRUE(st.unsupported()) << st.message();
+    expect_error(st, "d_source: kHighPrecisionO needs the v2 main kernel; kernel selects v1");
+  }
+  bopt.kernel = 0;
+  ASSERT_EQ(setenv("FP4ATTN_BWD_KERNEL", "v1", 1), 0);
+  EXPECT_TRUE(validate_backward_options(bopt).unsupported());
+  ASSERT_EQ(setenv("FP4ATTN_BWD_KERNEL", "v2", 1), 0);
+  EXPECT_TRUE(validate_backward_options(bopt).ok());
+  unsetenv("FP4ATTN_BWD_KERNEL");
+  EXPECT_EQ(backward_main_kernel(bopt), 2);
 }
 
 }  // namespace

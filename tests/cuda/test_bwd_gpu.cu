@@ -8,7 +8,10 @@
 // Every check runs both main kernels (BackwardCudaOptions::kernel: v1 mma.sync, v2 wgmma), and
 // BwdGpu.KernelsAgree compares them on the same inputs.
 //
-// Filters: 'BwdGpu.*', 'Shapes/BwdGpuShapes.*'.
+// DSource::kHighPrecisionO (v2): against the golden model's emulated high-precision-o, the key-bias
+// share of dK, deterministic runs, refusal on v1.
+//
+// Filters: 'BwdGpu.*', 'Shapes/BwdGpuShapes.*', 'Shapes/BwdGpuHighPrecisionO.*'.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -99,7 +102,7 @@ struct Grads {
 // Forward then backward on the GPU (fills in.o / in.lse from the forward). Gradients poisoned
 // with NaN first.
 Status run_gpu(const Problem& pb, Inputs* in, DType grad_type, bool deterministic, Grads* g,
-               int kernel) {
+               int kernel, DSource d_source = DSource::kForwardO) {
   DeviceArray<uint16_t> q(in->q.size()), k(in->k.size()), v(in->v.size()), o(pb.nq()),
       dout(in->dout.size());
   DeviceArray<float> lse(pb.b * pb.h * pb.s_q);
@@ -128,6 +131,7 @@ Status run_gpu(const Problem& pb, Inputs* in, DType grad_type, bool deterministi
   BackwardCudaOptions bopt;
   bopt.deterministic = deterministic;
   bopt.kernel = kernel;
+  bopt.d_source = d_source;
   st = attention_backward_cuda(
       tq, tk, tv, opt, to, tl, tdo, make_view(dq.get(), grad_type, {pb.b, pb.s_q, pb.h, pb.d}),
       make_view(dk.get(), grad_type, {pb.b, pb.s_k, pb.h_kv, pb.d}),
@@ -159,7 +163,8 @@ struct GoldenGrads {
   std::vector<double> dq, dk, dv;
 };
 
-GoldenGrads run_golden(const Problem& pb, Inputs& in, BackwardArithmetic arith) {
+GoldenGrads run_golden(const Problem& pb, Inputs& in, BackwardArithmetic arith,
+                       DSource d_source = DSource::kForwardO) {
   GoldenGrads g;
   g.dq.resize(pb.nq());
   g.dk.resize(pb.nk());
@@ -169,6 +174,7 @@ GoldenGrads run_golden(const Problem& pb, Inputs& in, BackwardArithmetic arith) 
   opt.causal = pb.causal;
   BackwardOptions bopt;
   bopt.arithmetic = arith;
+  bopt.d_source = d_source;
   const Status st = golden_attention_backward(
       make_view(in.q.data(), DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d}),
       make_view(in.k.data(), DType::kBF16, {pb.b, pb.s_k, pb.h_kv, pb.d}),
@@ -349,6 +355,119 @@ TEST(BwdGpu, KernelsAgree) {
   }
 }
 
+// ---- DSource::kHighPrecisionO (v2 only): D_hp = sum_j p_ij dP_ij from the amax pass ----------
+
+// Against the golden model's emulated high-precision-o (the same D_hp definition, float64 sums):
+// the tolerances of the default D. Causal and not, GQA / MQA, odd lengths, rows without keys.
+class BwdGpuHighPrecisionO : public ::testing::TestWithParam<Problem> {};
+
+TEST_P(BwdGpuHighPrecisionO, MatchesEmulatedGolden) {
+  SKIP_WITHOUT_GPU();
+  const Problem pb = GetParam();
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed) + " " + pb.name());
+  std::mt19937_64 rng(seed);
+  Inputs in = make_inputs(pb, rng);
+  Grads g;
+  const Status st = run_gpu(pb, &in, DType::kF32, false, &g, 2, DSource::kHighPrecisionO);
+  ASSERT_TRUE(st.ok()) << st.message();
+  const GoldenGrads ref =
+      run_golden(pb, in, BackwardArithmetic::kEmulatedFp8, DSource::kHighPrecisionO);
+  expect_close("dq", g.dq, ref.dq);
+  expect_close("dk", g.dk, ref.dk);
+  expect_close("dv", g.dv, ref.dv);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, BwdGpuHighPrecisionO,
+                         ::testing::Values(Problem{1, 17, 333, 4, 2, 64, true, Recipe::kFp8},
+                                           Problem{1, 333, 17, 4, 1, 128, true, Recipe::kNvfp4},
+                                           Problem{1, 65, 190, 4, 2, 64, false, Recipe::kNvfp4},
+                                           Problem{2, 200, 300, 4, 2, 128, true, Recipe::kMxfp4}),
+                         [](const ::testing::TestParamInfo<Problem>& i) { return i.param.name(); });
+
+// ||sum_j dK_j|| / ||dK|| (sum over keys per batch, kv head and channel): the gradient of a key
+// bias, which softmax ignores. BackwardEmulatedKeyBias (tests/reference/
+// test_golden_backward_emulated.cc) measured the golden model on this problem: with FP8 dS the
+// floor is dS's E4M3 rounding noise (high-precision-o 0.024-0.029), forward-o adds its D mismatch
+// (0.048-0.061). The GPU rounds dS the same way (its FP32 sums move the share by far less).
+double key_bias_share(const Problem& pb, const std::vector<float>& dk) {
+  double num = 0, den = 0;
+  for (int64_t b = 0; b < pb.b; ++b) {
+    for (int64_t hk = 0; hk < pb.h_kv; ++hk) {
+      for (int64_t c = 0; c < pb.d; ++c) {
+        double sum = 0;
+        for (int64_t j = 0; j < pb.s_k; ++j) {
+          const double x = dk[((b * pb.s_k + j) * pb.h_kv + hk) * pb.d + c];
+          sum += x;
+          den += x * x;
+        }
+        num += sum * sum;
+      }
+    }
+  }
+  return den > 0 ? std::sqrt(num / den) : 0.0;
+}
+
+// The golden model's bounds (kMaxKeyBiasShareHighPrecisionO, kMinKeyBiasShareForwardO): ~5
+// standard deviations from either population's mean over seeds.
+constexpr double kGpuMaxKeyBiasShareHp = 0.035;
+constexpr double kGpuMinKeyBiasShareForwardO = 0.04;
+
+TEST(BwdGpu, HighPrecisionOLeavesAKeyBiasNoGradient) {
+  SKIP_WITHOUT_GPU();
+  for (Recipe r : {Recipe::kFp8, Recipe::kNvfp4}) {
+    for (bool det : {false, true}) {
+      const Problem pb{1, 256, 256, 4, 4, 64, true, r};
+      const uint64_t seed = fresh_seed();
+      SCOPED_TRACE("seed " + std::to_string(seed) + " " + pb.name() +
+                   (det ? " deterministic" : ""));
+      std::mt19937_64 rng(seed);
+      Inputs in = make_inputs(pb, rng);
+      in.q = random_bf16(pb.nq(), rng, 3.f);  // sharper rows, as late in training
+      Grads fwd, hp;
+      ASSERT_TRUE(run_gpu(pb, &in, DType::kF32, det, &fwd, 2).ok());
+      ASSERT_TRUE(run_gpu(pb, &in, DType::kF32, det, &hp, 2, DSource::kHighPrecisionO).ok());
+      const double s_fwd = key_bias_share(pb, fwd.dk), s_hp = key_bias_share(pb, hp.dk);
+      std::printf("%s%s key-bias share: forward-o %.3e, high-precision-o %.3e\n", pb.name().c_str(),
+                  det ? " det" : "", s_fwd, s_hp);
+      EXPECT_GT(s_fwd, kGpuMinKeyBiasShareForwardO);
+      EXPECT_LT(s_hp, kGpuMaxKeyBiasShareHp);
+      const GoldenGrads ref =
+          run_golden(pb, in, BackwardArithmetic::kEmulatedFp8, DSource::kHighPrecisionO);
+      expect_close("dq", hp.dq, ref.dq);
+      expect_close("dk", hp.dk, ref.dk);
+      expect_close("dv", hp.dv, ref.dv);
+    }
+  }
+}
+
+// Deterministic high-precision-o: D_hp's adds take the dQ turns (key-block order), so runs are
+// bit-identical; the default mode's D_hp differs in its last bits only (FP32 atomics), which may
+// flip a few E4M3 roundings of dS: within the golden bound of the deterministic run.
+TEST(BwdGpu, HighPrecisionODeterministicRunsAreBitIdentical) {
+  SKIP_WITHOUT_GPU();
+  const Problem pb{1, 300, 300, 4, 2, 128, true, Recipe::kNvfp4};
+  const uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  Inputs in = make_inputs(pb, rng);
+  Grads a, b, c;
+  const DSource hp = DSource::kHighPrecisionO;
+  ASSERT_TRUE(run_gpu(pb, &in, DType::kF32, true, &a, 2, hp).ok());
+  ASSERT_TRUE(run_gpu(pb, &in, DType::kF32, true, &b, 2, hp).ok());
+  ASSERT_TRUE(run_gpu(pb, &in, DType::kF32, false, &c, 2, hp).ok());
+  EXPECT_EQ(0, std::memcmp(a.dq.data(), b.dq.data(), a.dq.size() * 4)) << "dq differs";
+  EXPECT_EQ(0, std::memcmp(a.dk.data(), b.dk.data(), a.dk.size() * 4)) << "dk differs";
+  EXPECT_EQ(0, std::memcmp(a.dv.data(), b.dv.data(), a.dv.size() * 4)) << "dv differs";
+  const char* names[3] = {"dq", "dk", "dv"};
+  const std::vector<float>* det[3] = {&a.dq, &a.dk, &a.dv};
+  const std::vector<float>* any[3] = {&c.dq, &c.dk, &c.dv};
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<double> ref(det[i]->begin(), det[i]->end());
+    EXPECT_LE(stats(*any[i], ref).rel_l2, kMaxRelL2VsGolden) << names[i];
+  }
+}
+
 // Bad input: a Status naming the argument, nothing launched (no CUDA call is made, so this also
 // runs on machines without a GPU).
 TEST(BwdGpu, BadInputBeforeLaunch) {
@@ -368,6 +487,19 @@ TEST(BwdGpu, BadInputBeforeLaunch) {
   const TensorView bad = make_view(g.data(), DType::kF32, {b, s, h, 32});
   st = attention_backward_cuda(x, x, x, opt, x, tl, x, bad, gr, gr, {}, nullptr);
   EXPECT_NE(st.message().find("dq"), std::string::npos) << st.message();
+  // d_source: high-precision-o only on v2 (Unsupported naming both options), a known value.
+  BackwardCudaOptions v1_hp;
+  v1_hp.kernel = 1;
+  v1_hp.d_source = DSource::kHighPrecisionO;
+  st = attention_backward_cuda(x, x, x, opt, x, tl, x, gr, gr, gr, v1_hp, nullptr);
+  EXPECT_TRUE(st.unsupported()) << st.message();
+  EXPECT_NE(st.message().find("d_source: kHighPrecisionO needs the v2 main kernel; kernel"),
+            std::string::npos)
+      << st.message();
+  BackwardCudaOptions bad_d;
+  bad_d.d_source = static_cast<DSource>(5);
+  st = attention_backward_cuda(x, x, x, opt, x, tl, x, gr, gr, gr, bad_d, nullptr);
+  EXPECT_NE(st.message().find("d_source: unknown"), std::string::npos) << st.message();
   ForwardOperands ops;  // undefined operands
   st = attention_backward_operands_cuda(ops, opt, x, tl, x, gr, gr, gr, {}, nullptr);
   EXPECT_FALSE(st.ok());

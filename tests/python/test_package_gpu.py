@@ -213,13 +213,14 @@ def _cos(x, y):
 
 @pytest.mark.parametrize("recipe", ["fp8", "nvfp4"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_gpu_backward_matches_the_golden_gradients(recipe, causal):
+@pytest.mark.parametrize("d_source", ["forward-o", "high-precision-o"])
+def test_gpu_backward_matches_the_golden_gradients(recipe, causal, d_source):
     q, k, v = qkv(b=2, s_q=200, h=4, h_kv=2, d=64, seed=3)
     g = torch.Generator().manual_seed(4)
     dout = torch.randn(q.shape, generator=g).bfloat16().float()  # BF16-exact on both sides
-    want = _grads(q, k, v, dout, recipe=recipe, causal=causal)
+    want = _grads(q, k, v, dout, recipe=recipe, causal=causal, d_source=d_source)
     got = _grads(*(t.cuda().bfloat16() for t in (q, k, v)), dout.cuda().bfloat16(),
-                 recipe=recipe, causal=causal)
+                 recipe=recipe, causal=causal, d_source=d_source)
     for name, a, b in zip(("dq", "dk", "dv"), got, want):
         assert a.dtype == torch.bfloat16 and a.device.type == "cuda", name
         assert _cos(a.cpu(), b) >= MIN_GRAD_COS, name
@@ -242,11 +243,14 @@ def test_gpu_backward_fp16_and_deterministic_mode():
         assert _cos(a.cpu(), w) >= MIN_GRAD_COS, name
 
 
-def test_gpu_backward_refuses_what_it_lacks():
+def test_gpu_backward_refuses_what_it_lacks(monkeypatch):
     q, k, v = (t.requires_grad_(True) for t in gpu_qkv(s_q=64, d=64))
     o = fp4attn.attn_func(q, k, v, recipe="nvfp4-fast")
     with pytest.raises(fp4attn.UnsupportedError, match="^recipe: 'nvfp4-fast' has no GPU backward"):
         o.sum().backward()
     o = fp4attn.attn_func(q, k, v, recipe="fp8", d_source="high-precision-o")
-    with pytest.raises(fp4attn.UnsupportedError, match="^d_source: 'high-precision-o' is CPU-only"):
+    monkeypatch.setenv("FP4ATTN_BWD_KERNEL", "v1")  # read at every call; v2 (default) has it
+    with pytest.raises(
+        fp4attn.UnsupportedError, match="^d_source: kHighPrecisionO needs the v2 main kernel"
+    ):
         o.sum().backward()

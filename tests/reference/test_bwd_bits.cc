@@ -172,5 +172,51 @@ TEST(BwdBits, V2AFragmentsMatchTheirQueries) {
   }
 }
 
+// v2_add_d_hp's reduce-scatter, step for step on 32 simulated lanes of a warp's 16 x 64
+// accumulator tile: the two sums lane (g, t) ends with are the column sums of d_hp_col(g, t, b),
+// and the warp's 64 values cover every column once.
+TEST(BwdBits, DHpReduceScatterSumsEveryColumn) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> u(-1, 1);
+  double x[16][64];
+  for (auto& row : x) {
+    for (double& e : row) e = u(rng);
+  }
+  double v[32][16];
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4, t = lane % 4;
+    for (int k = 0; k < 16; ++k) {
+      const int e = d_hp_element(k);
+      ASSERT_EQ(accum_row_half(e), 0);
+      ASSERT_EQ(accum_row_half(e + 2), 1);
+      ASSERT_EQ(accum_col(e, t), accum_col(e + 2, t));
+      v[lane][k] = x[g][accum_col(e, t)] + x[g + 8][accum_col(e + 2, t)];
+    }
+  }
+  for (const auto& [w, mask] : {std::pair{8, 16}, std::pair{4, 8}, std::pair{2, 4}}) {
+    double next[32][16];
+    for (int lane = 0; lane < 32; ++lane) {
+      const int partner = lane ^ mask;
+      const bool upper = (lane & mask) != 0;
+      for (int i = 0; i < w; ++i) {
+        const double send = upper ? v[partner][i + w] : v[partner][i];  // the partner's send
+        next[lane][i] = (upper ? v[lane][i + w] : v[lane][i]) + send;
+      }
+    }
+    std::memcpy(v, next, sizeof(v));
+  }
+  std::set<int> cols;
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int b = 0; b < 2; ++b) {
+      const int c = d_hp_col(lane / 4, lane % 4, b);
+      double want = 0;
+      for (const auto& row : x) want += row[c];
+      EXPECT_NEAR(v[lane][b], want, 1e-12) << "lane " << lane << " b " << b;
+      cols.insert(c);
+    }
+  }
+  EXPECT_EQ(cols.size(), 64u);
+}
+
 }  // namespace
 }  // namespace fp4attn::bwd

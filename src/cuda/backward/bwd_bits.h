@@ -130,4 +130,12 @@ FP4ATTN_HD constexpr int a_k_position(int kk, int r, int b, int t) {
   return 32 * kk + 16 * (r >> 1) + 4 * t + b;
 }
 
+// v2's D_hp row sums (main_v2_kernel.cuh v2_add_d_hp): a thread's 16 column partial sums, index
+// k for column accum_col(d_hp_element(k), t) (row half 0; element + 2 is row half 1 of the same
+// column). Three halving steps over lane bits 4, 3, 2 (g's bits 2, 1, 0), a lane keeping the
+// upper half when its bit is set, leave lane (g, t) indices 2g and 2g + 1: columns d_hp_col(g, t,
+// b). CPU test BwdBits.DHpReduceScatterSumsEveryColumn.
+FP4ATTN_HD constexpr int d_hp_element(int k) { return 4 * (k >> 1) + (k & 1); }
+FP4ATTN_HD constexpr int d_hp_col(int g, int t, int b) { return 8 * g + 2 * t + b; }
+
 }  // namespace fp4attn::bwd

@@ -5,8 +5,6 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <numbers>
 #include <string>
 
@@ -29,15 +27,6 @@ Status cuda_status(cudaError_t e, const char* what) {
 }
 
 int64_t round256(int64_t n) { return (n + 255) / 256 * 256; }
-
-// The main kernel's version: the option, else FP4ATTN_BWD_KERNEL (read at every call, so that a
-// process can switch between runs), else v2. Anything but "v1" / "1" selects v2.
-int main_kernel_version(const BackwardCudaOptions& bopt) {
-  if (bopt.kernel == 1 || bopt.kernel == 2) return bopt.kernel;
-  const char* env = std::getenv("FP4ATTN_BWD_KERNEL");
-  if (env != nullptr && (std::strcmp(env, "v1") == 0 || std::strcmp(env, "1") == 0)) return 1;
-  return 2;
-}
 
 void bshd_strides(const TensorView& t, int64_t (&s)[3]) {
   s[0] = t.stride[0];
@@ -88,6 +77,7 @@ Status run_backward(const ForwardOperands& in, const ForwardOptions& opt, const 
   p.scale_log2 = float(scale * std::numbers::log2e);
   p.causal = opt.causal;
   p.deterministic = bopt.deterministic;
+  const bool hp = bopt.d_source == DSource::kHighPrecisionO;
 
   // Workspace, one stream-ordered allocation.
   const int64_t bh = sh.b * sh.h, d = sh.d;
@@ -95,8 +85,11 @@ Status run_backward(const ForwardOperands& in, const ForwardOptions& opt, const 
   const int64_t n_fp8 = bh * p.s_q_pad * d;
   // dq_turn: one counter per (b, h, query block) of v1's 32 queries (v2's 64 need half).
   const int64_t n_acc = 4 * bh * sh.s_q * d, n_turn = 4 * bh * (p.s_q_pad / bwd::kBlockQueries);
+  // D_hp and its turns (v2's 64-query blocks), only with DSource::kHighPrecisionO.
+  const int64_t n_hp = hp ? n_dsum : 0;
+  const int64_t n_hp_turn = hp && p.deterministic ? 4 * bh * (p.s_q_pad / bwd::kV2Queries) : 0;
   const int64_t bytes = round256(n_dsum) + round256(n_amax) + 3 * round256(n_fp8) +
-                        round256(n_acc) + round256(n_turn);
+                        round256(n_acc) + round256(n_turn) + round256(n_hp) + round256(n_hp_turn);
   void* ws = nullptr;
   FP4ATTN_RETURN_IF_ERROR(
       cuda_status(cudaMallocAsync(&ws, size_t(bytes), stream), "backward workspace"));
@@ -113,16 +106,28 @@ Status run_backward(const ForwardOperands& in, const ForwardOptions& opt, const 
   p.q_t = take(n_fp8);
   p.dq_acc = reinterpret_cast<float*>(take(n_acc));
   p.dq_turn = reinterpret_cast<int*>(take(n_turn));
+  p.dsum_hp = hp ? reinterpret_cast<float*>(take(n_hp)) : nullptr;
+  p.dsum_hp_turn = n_hp_turn > 0 ? reinterpret_cast<int*>(take(n_hp_turn)) : nullptr;
 
   const int di = int(d);
   cudaError_t e = cudaMemsetAsync(p.amax, 0, size_t(n_amax), stream);
   if (e == cudaSuccess) e = cudaMemsetAsync(p.dq_acc, 0, size_t(n_acc), stream);
   if (e == cudaSuccess) e = cudaMemsetAsync(p.dq_turn, 0, size_t(n_turn), stream);
+  if (e == cudaSuccess && n_hp > 0) e = cudaMemsetAsync(p.dsum_hp, 0, size_t(n_hp), stream);
+  if (e == cudaSuccess && n_hp_turn > 0) {
+    e = cudaMemsetAsync(p.dsum_hp_turn, 0, size_t(n_hp_turn), stream);
+  }
   if (e == cudaSuccess) e = bwd::launch_prep_rows(p, di, stream);
   if (e == cudaSuccess) e = bwd::launch_prep_quant(p, di, stream);
-  const auto run_main = main_kernel_version(bopt) == 1 ? bwd::launch_main : bwd::launch_main_v2;
+  const auto run_main = backward_main_kernel(bopt) == 1 ? bwd::launch_main : bwd::launch_main_v2;
+  // kHighPrecisionO: the amax pass adds D_hp (its dS, for the scales, uses D_fwd); the gradient
+  // pass takes D_hp as its D (validate_backward_options refused v1).
+  BwdParams pg = p;
+  if (hp) pg.dsum = p.dsum_hp;
+  pg.dsum_hp = nullptr;
+  pg.dsum_hp_turn = nullptr;
   if (e == cudaSuccess && sh.s_q > 0) e = run_main(p, di, true, stream);
-  if (e == cudaSuccess && sh.s_q > 0) e = run_main(p, di, false, stream);
+  if (e == cudaSuccess && sh.s_q > 0) e = run_main(pg, di, false, stream);
   if (e == cudaSuccess) e = bwd::launch_dq_convert(p, di, stream);
   Status st = cuda_status(e, "backward kernels");
   const cudaError_t fe = cudaFreeAsync(ws, stream);
@@ -153,6 +158,7 @@ Status attention_backward_operands_cuda(const ForwardOperands& in, const Forward
                                         const BackwardCudaOptions& bopt, cudaStream_t stream) {
   ForwardShape sh;
   FP4ATTN_RETURN_IF_ERROR(validate_backward_operands(in, opt, o, lse, dout, dq, dk, dv, &sh));
+  FP4ATTN_RETURN_IF_ERROR(validate_backward_options(bopt));
   FP4ATTN_RETURN_IF_ERROR(check_forward_device());
   if (sh.s_q == 0) return zero_kv_grads(dk, dv, stream);
   return run_backward(in, opt, o, lse, dout, dq, dk, dv, bopt, sh, stream);
@@ -165,6 +171,7 @@ Status attention_backward_cuda(const TensorView& q, const TensorView& k, const T
                                const BackwardCudaOptions& bopt, cudaStream_t stream) {
   ForwardShape sh;
   FP4ATTN_RETURN_IF_ERROR(validate_backward_inputs(q, k, v, opt, o, lse, dout, dq, dk, dv, &sh));
+  FP4ATTN_RETURN_IF_ERROR(validate_backward_options(bopt));
   FP4ATTN_RETURN_IF_ERROR(check_forward_device());
   if (sh.s_q == 0) return zero_kv_grads(dk, dv, stream);
   if (sh.b == 0 || sh.h == 0) return Status::Ok();

@@ -23,7 +23,12 @@ struct BwdParams {
   int64_t lse_stride[2];
 
   // Workspace.
-  float* dsum;    // D [b, h, s_q]
+  float* dsum;  // D [b, h, s_q] (the gradient pass: dsum_hp when DSource::kHighPrecisionO)
+  // DSource::kHighPrecisionO (v2 amax pass only; nullptr otherwise): D_hp [b, h, s_q], zeroed,
+  // sum_j p_ij dP_ij added per (query row, CTA); dsum_hp_turn [b, h, s_q_pad / 64], zeroed, the
+  // key-block turns of those adds when deterministic.
+  float* dsum_hp;
+  int* dsum_hp_turn;
   float* amax;    // [b * h][kAmaxSlots], zeroed before the first kernel
   uint8_t* do_v;  // [b, h, s_q_pad, d] E5M2(2^g' dO * v_scale[channel]), pad rows 0
   uint8_t* do_t;  // [b, h, d, s_q_pad] E5M2(2^g dO), queries permuted, pad 0

@@ -134,6 +134,59 @@ __device__ __forceinline__ void v2_pass_turn(int* turn) {
   if (threadIdx.x == kV2Threads - kV2Consumers) atomicAdd(turn, 1);
 }
 
+// One reduce-scatter step over the 8 lanes sharing t (lane bits 2..4): of 2W partial sums, a lane
+// keeps the half its lane bit `mask` selects, adding its partner's copy of that half.
+template <int W>
+__device__ __forceinline__ void v2_halve(float (&v)[16], int lane, int mask) {
+  const bool upper = (lane & mask) != 0;
+#pragma unroll
+  for (int i = 0; i < W; ++i) {
+    const float send = upper ? v[i] : v[i + W];
+    const float keep = upper ? v[i + W] : v[i];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, mask);
+  }
+}
+
+// DSource::kHighPrecisionO, amax pass: D_hp_i += sum over the CTA's 128 keys of p_ij dP_ij (the p
+// and dP of dS: P masked, dP * 2^-g'), one add per query row and CTA. Per thread, the two row
+// halves of each of its 16 columns; a reduce-scatter over the 8 lanes of each column leaves lane
+// (g, t) the columns d_hp_col(g, t, 0 / 1) (bwd_bits.h, CPU-tested); the 8 warps' sums meet in
+// shared memory (the unused dS tile, by step parity: a buffer is rewritten two steps later, after
+// every reader passed the next step's barrier) and 64 threads add them in warp order.
+// Deterministic: the adds of a query block in key-block order (the dQ turns).
+template <int D>
+__device__ __forceinline__ void v2_add_d_hp(const BwdParams& p, V2Smem<D>& sm,
+                                            const float (&pv)[32], const float (&dpu)[32], int it,
+                                            int cw, int n, int64_t bh, int mb) {
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  float v[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    const int e = d_hp_element(k);  // row half 0; e + 2: row half 1 of the same column
+    v[k] = fmaf(pv[e + 2], dpu[e + 2], pv[e] * dpu[e]);
+  }
+  v2_halve<8>(v, lane, 16);
+  v2_halve<4>(v, lane, 8);
+  v2_halve<2>(v, lane, 4);
+  static_assert(sizeof(float) * 2 * 8 * kV2Queries <= sizeof(V2Smem<D>::ds));
+  auto red = reinterpret_cast<float(*)[8][kV2Queries]>(&sm.ds[0][0]);
+  *reinterpret_cast<float2*>(&red[it & 1][cw * 4 + warp][d_hp_col(g, t, 0)]) =
+      make_float2(v[0], v[1]);
+  sm90::named_barrier_sync(kV2DsBarrier, kV2Consumers);
+  int* turn =
+      p.dsum_hp_turn != nullptr ? p.dsum_hp_turn + bh * (p.s_q_pad / kV2Queries) + mb : nullptr;
+  if (turn != nullptr) v2_wait_turn(turn, n);
+  const int ci = cw * 128 + tid, i = mb * kV2Queries + ci;
+  if (ci < kV2Queries && i < p.s_q) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) sum += red[it & 1][w][ci];
+    asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p.dsum_hp + bh * p.s_q + i), "f"(sum)
+                 : "memory");
+  }
+  if (turn != nullptr) v2_pass_turn(turn);
+}
+
 // The FP8 A operand (two k-steps of 32 queries) from a 64 x 64 accumulator (bwd_bits.h
 // a_source_element): P^T or dS^T with no shuffle, against the permuted dO_t / Q_t.
 __device__ __forceinline__ void v2_pack_a(const float (&x)[32], uint32_t (&a)[2][4]) {
@@ -277,7 +330,8 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, V2Smem<D>& sm, in
       if constexpr (kAmax) {
 #pragma unroll
         for (int e = 0; e < 32; ++e) {
-          const float dse = sc[e] * (dp_unit(dp[e]) - row_value(dsum, e));
+          dp[e] = dp_unit(dp[e]);  // dP in real units, as dS sees it
+          const float dse = sc[e] * (dp[e] - row_value(dsum, e));
           const float ds = visible(e) ? dse : 0.f;
           m_k = fmaxf(m_k, fabsf(ds * ks));
           m_q = fmaxf(m_q, fabsf(ds * qs));
@@ -285,6 +339,8 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, V2Smem<D>& sm, in
         // The stage (tiles, LSE, D) is no longer read by this thread: every consumer thread
         // arrives (v2_layout.h kV2EmptyArrivals), each releasing its own LSE / D loads.
         sm90::mbar_arrive(&sm.empty[s]);
+        // D_hp (DSource::kHighPrecisionO): a uniform branch, not taken for kForwardO.
+        if (p.dsum_hp != nullptr) v2_add_d_hp<D>(p, sm, sc, dp, it, cw, n, bh, mb);
       } else {
         // dS_k bytes of element e at ds_at[e % 2][row half] + 1024 (e / 4): query row
         // 8 (e / 4) + 2t + e % 2, key column key_l + 8 h, swizzled (row % 8 = 2t + e % 2).
