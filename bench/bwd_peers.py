@@ -204,7 +204,7 @@ def run_point(device, s, recipes, peer_backends, args):
     for recipe in recipes:
 
         def ours(q, k, v, recipe=recipe):
-            return fp4attn.attn_func(q, k, v, causal=True, recipe=recipe)
+            return fp4attn.attn_func(q, k, v, causal=True, recipe=recipe, d_source=args.d_source)
 
         results = measure(device, ours_in, do, ours, args)
         quant = None
@@ -249,7 +249,7 @@ def run_point(device, s, recipes, peer_backends, args):
     return peer_recs, records
 
 
-def gradient_accuracy(device, recipes, peer_backends, s, seed=0):
+def gradient_accuracy(device, recipes, peer_backends, s, seed=0, d_source="forward-o"):
     """dq, dk, dv and o of each recipe and peer against float64 math attention (autograd) on
     `device`, b=1, h=4, s, d=128, causal, q/k/v/dO N(0, 1) rounded to BF16."""
     b, h, d = 1, 4, HEAD_DIM
@@ -294,7 +294,9 @@ def gradient_accuracy(device, recipes, peer_backends, s, seed=0):
     for recipe in recipes:
         rec = record(
             dict(head, recipe=recipe),
-            lambda q, k, v, r=recipe: fp4attn.attn_func(q, k, v, causal=True, recipe=r),
+            lambda q, k, v, r=recipe: fp4attn.attn_func(
+                q, k, v, causal=True, recipe=r, d_source=d_source
+            ),
             bhsd=False,
         )
         if recipe == "nvfp4" and "min_grad_cos" in rec:
@@ -373,6 +375,12 @@ def parse_args(argv):
     ap.add_argument("--acc-seqlen", type=int, default=1024, help="accuracy point's s (1024)")
     ap.add_argument("--tokens", type=int, default=peers.TOKENS, help="b = tokens / s (16384)")
     ap.add_argument(
+        "--d-source",
+        default="forward-o",
+        choices=("forward-o", "high-precision-o"),
+        help="the backward's D (docs/numerics.md §8); high-precision-o is the one to train with",
+    )
+    ap.add_argument(
         "--device",
         default="cuda",
         choices=("cuda", "cpu"),
@@ -414,6 +422,7 @@ def main(argv=None):
             "min_reps": args.min_reps,
             "min_time_ms": args.min_time_ms,
             "recipes": ",".join(args.recipes),
+            "d_source": args.d_source,
             "seqlens": args.seqlens,
             "tokens": args.tokens,
             "hidden": peers.HIDDEN,
@@ -475,7 +484,9 @@ def main(argv=None):
         doc["records"] += records
         finish(False)  # a stopped run keeps what it measured
     if not args.no_accuracy:
-        doc["accuracy"] = gradient_accuracy(device, args.recipes, peer_backends, args.acc_seqlen)
+        doc["accuracy"] = gradient_accuracy(
+            device, args.recipes, peer_backends, args.acc_seqlen, d_source=args.d_source
+        )
         for a in doc["accuracy"]:
             who = a.get("peer", a["recipe"])
             if "error" in a:
