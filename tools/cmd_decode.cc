@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli_args.h"
+#include "cli_inputs.h"
 #include "commands.h"
 #include "common/half.h"
 #include "fp4attn/metrics.h"
@@ -72,21 +73,6 @@ std::vector<KvCacheFormat> parse_formats(const Args& a) {
   throw UsageError("--format: expected nvfp4, fp8 or all, got '" + f + "'");
 }
 
-std::vector<InputKind> parse_inputs(const Args& a) {
-  const std::string name = a.get("input", "gaussian");
-  if (name == "all") {
-    return {InputKind::kGaussian, InputKind::kOutlierChannels, InputKind::kLargeLogits,
-            InputKind::kNearUniform};
-  }
-  InputKind k;
-  if (!parse_input_kind(name, &k)) {
-    throw UsageError(
-        "--input: expected gaussian, outliers, large-logits, near-uniform or all, got '" + name +
-        "'");
-  }
-  return {k};
-}
-
 // The suite's values are BF16-exact (what a BF16 model hands the cache).
 std::vector<float> bf16_exact(std::vector<float> x) {
   for (float& v : x) v = bf16_bits_to_float(float_to_bf16_bits(v));
@@ -108,7 +94,7 @@ int cmd_decode(const std::vector<std::string>& argv) {
   }
   const Shape s = parse_shape(a);
   const std::vector<KvCacheFormat> formats = parse_formats(a);
-  const std::vector<InputKind> inputs = parse_inputs(a);
+  const std::vector<InputKind> inputs = parse_input_kinds(a);
   const std::string backend = a.get("backend", "auto");
   if (backend != "auto" && backend != "gpu" && backend != "cpu") {
     throw UsageError("--backend: expected auto, gpu or cpu, got '" + backend + "'");

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli_args.h"
+#include "cli_inputs.h"
 #include "commands.h"
 #include "fp4attn/golden.h"
 #include "fp4attn/metrics.h"
@@ -91,15 +92,7 @@ int cmd_emulation(const std::vector<std::string>& argv) {
       throw UsageError("--recipe: unknown recipe '" + name + "' (see fp4attn recipes)");
     }
   }
-  std::vector<InputKind> inputs(std::begin(kAllInputKinds), std::end(kAllInputKinds));
-  if (const std::string name = a.get("input", "gaussian"); name != "all") {
-    inputs.assign(1, InputKind::kGaussian);
-    if (!parse_input_kind(name, &inputs[0])) {
-      throw UsageError(
-          "--input: expected gaussian, outliers, large-logits, near-uniform or all, got '" + name +
-          "'");
-    }
-  }
+  const std::vector<InputKind> inputs = parse_input_kinds(a);
 
   std::printf("fp4attn emulation: b=%lld h=%lld s=%lld d=%lld %s, seed %llu\n", (long long)b,
               (long long)h, (long long)s, (long long)d, causal ? "causal" : "non-causal",

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli_args.h"
+#include "cli_inputs.h"
 #include "commands.h"
 #include "fp4attn/golden.h"
 #include "fp4attn/metrics.h"
@@ -87,21 +88,6 @@ std::vector<Recipe> parse_recipes(const Args& a) {
   return {r};
 }
 
-std::vector<InputKind> parse_inputs(const Args& a) {
-  const std::string name = a.get("input", "gaussian");
-  if (name == "all") {
-    return {InputKind::kGaussian, InputKind::kOutlierChannels, InputKind::kLargeLogits,
-            InputKind::kNearUniform};
-  }
-  InputKind k;
-  if (!parse_input_kind(name, &k)) {
-    throw UsageError(
-        "--input: expected gaussian, outliers, large-logits, near-uniform or all, got '" + name +
-        "'");
-  }
-  return {k};
-}
-
 double lse_max_err(const std::vector<double>& lse, const std::vector<double>& ref) {
   double m = 0;
   for (size_t i = 0; i < lse.size(); ++i) {
@@ -159,7 +145,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   }
   const Problem p = parse_problem(a);
   const std::vector<Recipe> recipes = parse_recipes(a);
-  const std::vector<InputKind> inputs = parse_inputs(a);
+  const std::vector<InputKind> inputs = parse_input_kinds(a);
   const auto seed = static_cast<uint64_t>(a.get_int("seed", 0, 0, INT64_MAX));
   const std::string emu = a.get("emulation", "folded");
   if (emu != "folded" && emu != "exact") {
