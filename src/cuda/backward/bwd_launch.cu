@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <numbers>
 #include <string>
 
@@ -24,6 +26,13 @@ using bwd::BwdParams;
 Status cuda_status(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return Status::Ok();
   return Status::Invalid(std::string(what) + ": CUDA error " + cudaGetErrorString(e));
+}
+
+// The v2 gradient pass's dQ path: FP4ATTN_BWD_DQ=red (per-element red.global.add, the A/B
+// baseline) or bulk (TMA reduce-add of shared-memory tiles, the default); read at every call.
+bool dq_bulk_from_env() {
+  const char* env = std::getenv("FP4ATTN_BWD_DQ");
+  return env == nullptr || std::strcmp(env, "red") != 0;
 }
 
 int64_t round256(int64_t n) { return (n + 255) / 256 * 256; }
@@ -77,13 +86,15 @@ Status run_backward(const ForwardOperands& in, const ForwardOptions& opt, const 
   p.scale_log2 = float(scale * std::numbers::log2e);
   p.causal = opt.causal;
   p.deterministic = bopt.deterministic;
+  p.dq_bulk = dq_bulk_from_env();
   const bool hp = bopt.d_source == DSource::kHighPrecisionO;
 
   // Workspace, one stream-ordered allocation.
   const int64_t bh = sh.b * sh.h, d = sh.d;
   const int64_t n_dsum = 4 * bh * sh.s_q, n_amax = 4 * bh * bwd::kAmaxSlots;
   const int64_t n_fp8 = bh * p.s_q_pad * d;
-  // dq_turn: one counter per (b, h, query block) of v1's 32 queries (v2's 64 need half).
+  // dq_turn: one counter per (b, h, query block) of v1's 32 queries (v2's 64 need half; v2 with
+  // dq_bulk, one per (b, h, 64-query block, consumer warpgroup): as many).
   const int64_t n_acc = 4 * bh * sh.s_q * d, n_turn = 4 * bh * (p.s_q_pad / bwd::kBlockQueries);
   // D_hp and its turns (v2's 64-query blocks), only with DSource::kHighPrecisionO.
   const int64_t n_hp = hp ? n_dsum : 0;

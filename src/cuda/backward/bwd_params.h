@@ -48,6 +48,10 @@ struct BwdParams {
   float softmax_scale;  // the forward's scale
   float scale_log2;     // softmax_scale * log2(e)
   bool causal, deterministic;
+  // v2 gradient pass: dQ into dq_acc by TMA reduce-add of shared-memory tiles (true, the default)
+  // or by per-element red.global.add (false); FP4ATTN_BWD_DQ=red|bulk (bwd_launch.cu). With
+  // dq_bulk and deterministic, dq_turn holds one counter per (b, h, 64-query block, warpgroup).
+  bool dq_bulk;
 };
 
 }  // namespace fp4attn::bwd

@@ -11,8 +11,10 @@
 //   dV  += (2^8 P)^T dO_t           (rs: P^T from the S^T accumulator, E4M3 x E5M2)
 //   dK  += (2^h' dS q_scale)^T Q_t   (rs: dS^T from the dP^T accumulator, E4M3 x E4M3)
 //   dQ_acc[query block][channels of cw] += (2^h dS k_scale) K   (ss over all 128 keys: both
-//       warpgroups write their keys' dS bytes to shared memory first; red.global.add.v2.f32, in
-//       key-block order when deterministic)
+//       warpgroups write their keys' dS bytes to shared memory first; dq_bulk: the tile staged in
+//       shared memory and added by TMA reduce-add from one thread per warpgroup, else
+//       red.global.add.v2.f32; in key-block order when deterministic)
+// kDqBulk (gradient pass, BwdParams::dq_bulk): dQ by TMA reduce-add, else by red.global.
 // kAmax: S, P, dP, dS and the amax of dS * k_scale and dS * q_scale per (batch, head) only.
 #pragma once
 
@@ -30,9 +32,34 @@
 namespace fp4attn::bwd {
 
 // Named barriers (0 is __syncthreads): both consumer warpgroups' dS bytes are in shared memory;
-// the deterministic dQ turn.
+// the deterministic dQ turn; consumer warpgroup cw's dQ tile is staged (kV2DqBarrier + cw).
 constexpr int kV2DsBarrier = 1;
 constexpr int kV2TurnBarrier = 2;
+constexpr int kV2DqBarrier = 3;
+
+// Bulk-async helpers of the dQ reduce (the issuing thread's bulk group).
+// dq_acc box (c0 channel, c1 query, c2 batch * head) += the swizzled FP32 box at src.
+__device__ __forceinline__ void v2_tma_reduce_add_3d(const CUtensorMap* map, const void* src,
+                                                     int c0, int c1, int c2) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], "
+      "[%1];" ::"l"(reinterpret_cast<uint64_t>(map)),
+      "r"(sm90::smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+// Until at most N of this thread's bulk groups still read shared memory.
+template <int N>
+__device__ __forceinline__ void v2_bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+// Until every bulk group of this thread is complete (its global writes performed).
+__device__ __forceinline__ void v2_bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+// Orders this thread's generic-proxy global accesses with its async-proxy ones.
+__device__ __forceinline__ void v2_fence_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
 
 // Step `it` of the CTA's (head, query block) sequence in the stage ring.
 __device__ __forceinline__ int v2_stage(int it) { return it % kV2Stages; }
@@ -187,6 +214,80 @@ __device__ __forceinline__ void v2_add_d_hp(const BwdParams& p, V2Smem<D>& sm,
   if (turn != nullptr) v2_pass_turn(turn);
 }
 
+// dq_bulk: warpgroup cw's dQ tile (query rows of the block x channels cw D / 2..) into the
+// staging buffer of the step's parity, then one thread (the warpgroup's first) adds its D / 64
+// boxes into dq_acc by TMA reduce-add (rows past s_q are outside the map: not added). The other
+// warps only arrive on the staging barrier and go on to the next step; the buffer is rewritten two
+// steps later, after the issuer's wait_group.read before that step's dS barrier.
+// Deterministic: the issuer adds after key blocks 0..n-1 (a turn per query block and warpgroup,
+// the warpgroups' channels being disjoint) and passes the turn once its adds are performed.
+template <int D>
+__device__ __forceinline__ void v2_add_dq_bulk(const BwdParams& p, const CUtensorMap* tm_dq,
+                                               V2Smem<D>& sm, const float (&dq)[D / 4], int it,
+                                               int cw, int n, int64_t bh, int mb) {
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  constexpr int kBoxes = D / 2 / kV2DqBoxCols;  // per warpgroup
+  uint8_t* stage = sm.dq[it & 1][cw * kBoxes];
+  // Element e, e + 1: row 16 warp + g + 8 h, channels c = accum_col(e, t) + 0 / 1 of the
+  // warpgroup's, i.e. box c / 32 at bytes swizzle_offset(row, 4 (c % 32), 128) = row * 128 +
+  // ((32 j + 8t) ^ 16 (row % 8)) with j = (e / 4) % 4 and row % 8 = g: one base per thread, XOR
+  // 32 j, plus immediates (box, h). Each warp store meets every 16-byte chunk of a row twice: two
+  // wavefronts, the least for 256 bytes (unswizzled rows would take eight).
+  uint8_t* const base = stage + (warp * 16 + g) * 128;
+  const uint32_t x = (8 * t) ^ (16 * g);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint8_t* const at = base + (x ^ (32 * j));
+#pragma unroll
+    for (int e = 4 * j; e < D / 4; e += 16) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        static_assert(accum_col(0, 0) == 0 && accum_row_half(2) == 1);
+        const int box = e / 16;  // accum_col(e, t) / 32
+        *reinterpret_cast<float2*>(at + box * kV2DqBoxBytes + h * 8 * 128) =
+            make_float2(dq[e + 2 * h], dq[e + 2 * h + 1]);
+      }
+    }
+  }
+  sm90::fence_async_shared();  // the generic-proxy writes, before the bulk reduce reads them
+  // Warp 0 (the issuer's) waits for the warpgroup's writes; warps 1-3 only arrive. Barrier ids
+  // as immediates, so that ptxas counts 5 barriers, not all 16.
+  if (warp == 0) {
+    if (cw == 0) {
+      asm volatile("bar.sync %0, 128;" ::"n"(kV2DqBarrier) : "memory");
+    } else {
+      asm volatile("bar.sync %0, 128;" ::"n"(kV2DqBarrier + 1) : "memory");
+    }
+  } else if (cw == 0) {
+    asm volatile("bar.arrive %0, 128;" ::"n"(kV2DqBarrier) : "memory");
+  } else {
+    asm volatile("bar.arrive %0, 128;" ::"n"(kV2DqBarrier + 1) : "memory");
+  }
+  if (tid == 0) {
+    // Deterministic: this warpgroup's turn of the query block (the pointer formed at each use).
+    auto turn = [&] { return p.dq_turn + (bh * (p.s_q_pad / kV2Queries) + mb) * 2 + cw; };
+    if (p.deterministic) {
+      int v;
+      do {
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(turn()) : "memory");
+      } while (v != n);
+      v2_fence_async_global();  // the earlier key blocks' adds, before this thread's reduces
+    }
+#pragma unroll
+    for (int b = 0; b < kBoxes; ++b) {
+      v2_tma_reduce_add_3d(tm_dq, stage + b * kV2DqBoxBytes, (cw * kBoxes + b) * kV2DqBoxCols,
+                           mb * kV2Queries, int(bh));
+    }
+    sm90::bulk_commit();
+    if (p.deterministic) {
+      v2_bulk_wait_all();  // performed, not only read
+      v2_fence_async_global();
+      __threadfence();
+      atomicAdd(turn(), 1);
+    }
+  }
+}
+
 // The FP8 A operand (two k-steps of 32 queries) from a 64 x 64 accumulator (bwd_bits.h
 // a_source_element): P^T or dS^T with no shuffle, against the permuted dO_t / Q_t.
 __device__ __forceinline__ void v2_pack_a(const float (&x)[32], uint32_t (&a)[2][4]) {
@@ -230,9 +331,10 @@ __device__ __forceinline__ void v2_store_kv(const BwdParams& p, const float (&dk
 }
 
 // Consumer warpgroup cw (0, 1): keys n0 + 64cw.. of the block.
-template <int D, bool kAmax>
-__device__ __forceinline__ void v2_consume(const BwdParams& p, V2Smem<D>& sm, int cw, int bb,
-                                           int hk, int n, int mb_begin, int mb_end) {
+template <int D, bool kAmax, bool kDqBulk>
+__device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap* tm_dq,
+                                           V2Smem<D>& sm, int cw, int bb, int hk, int n,
+                                           int mb_begin, int mb_end) {
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int n0 = n * kV2Keys;
   const int key_l = cw * 64 + warp * 16 + g;  // block-local key of this thread's first row
@@ -247,7 +349,16 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, V2Smem<D>& sm, in
   float dv[D / 2], dk[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dv[i] = dk[i] = 0.f;
-  int u_dv = 0, u_dk = 0;  // dv * 2^u_dv is dV (dk * 2^u_dk * softmax_scale is dK)
+  // dv * 2^u_dv(hq) is dV and dk * 2^u_dk(hq) * softmax_scale is dK while head hq's steps add to
+  // them: recomputed from the (read-only here) amax record where needed rather than carried, two
+  // registers fewer across the step loop.
+  auto u_dv = [&](int hq) {
+    return -(kPLiftLog2 +
+             pow2_scale_exp(p.amax[(int64_t(bb) * p.h + hq) * kAmaxSlots + kAmaxDo], kE5m2Top));
+  };
+  auto u_dk = [&](int hq) {
+    return -pow2_scale_exp(p.amax[(int64_t(bb) * p.h + hq) * kAmaxSlots + kAmaxDsQ], kE4m3Top);
+  };
   int it = 0;
 
   for (int hq = hk * group; hq < (hk + 1) * group; ++hq) {
@@ -260,17 +371,14 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, V2Smem<D>& sm, in
       h_dk = pow2_scale_exp(rec[kAmaxDsQ], kE4m3Top);
       // Each head's operands carry their own scales: bring the sums to this head's units
       // (a power of two: exact while in FP32 range). No wgmma is in flight here.
-      const int new_dv = -(kPLiftLog2 + pow2_scale_exp(rec[kAmaxDo], kE5m2Top)), new_dk = -h_dk;
       if (hq != hk * group) {
-        const Pow2 rv(u_dv - new_dv), rk(u_dk - new_dk);
+        const Pow2 rv(u_dv(hq - 1) - u_dv(hq)), rk(u_dk(hq - 1) - u_dk(hq));
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) {
           dv[i] = rv(dv[i]);
           dk[i] = rk(dk[i]);
         }
       }
-      u_dv = new_dv;
-      u_dk = new_dk;
     }
     float m_k = 0.f, m_q = 0.f;  // kAmax: this thread's max |dS k_scale|, |dS q_scale|
     // mul_pow2 by this head's exponents, branch-free (Pow2 in bwd_bits.h: the same bits).
@@ -384,7 +492,10 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, V2Smem<D>& sm, in
         for (int kk = 0; kk < 2; ++kk) wgmma_rs<D, false>(dk, da[kk], desc_qt + 2 * kk, 1);
         sm90::wgmma_commit();
 
-        // dQ: both warpgroups' dS bytes (generic-proxy writes) before the wgmma reads them.
+        // dQ: both warpgroups' dS bytes (generic-proxy writes) before the wgmma reads them. With
+        // kDqBulk the issuing thread first waits until the reduce of step it - 2 has read the dQ
+        // staging buffer that this step rewrites after the barrier.
+        if (kDqBulk && tid == 0) v2_bulk_wait_read<1>();
         sm90::fence_async_shared();
         sm90::named_barrier_sync(kV2DsBarrier, kV2Consumers);
         const uint64_t desc_ds = sm90::make_kmajor_desc(ds_tile, kV2Keys);
@@ -403,20 +514,24 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, V2Smem<D>& sm, in
         v2_fence(da);
         sm90::mbar_arrive(&sm.empty[s]);  // every consumer thread, as in the amax pass
 
-        int* turn = p.dq_turn + bh * (p.s_q_pad / kV2Queries) + mb;
-        if (p.deterministic) v2_wait_turn(turn, n);
-        float* acc = p.dq_acc + (bh * p.s_q + q0 + warp * 16 + g) * D + cw * (D / 2);
+        if constexpr (kDqBulk) {
+          v2_add_dq_bulk<D>(p, tm_dq, sm, dq, it, cw, n, bh, mb);
+        } else {
+          int* turn = p.dq_turn + bh * (p.s_q_pad / kV2Queries) + mb;
+          if (p.deterministic) v2_wait_turn(turn, n);
+          float* acc = p.dq_acc + (bh * p.s_q + q0 + warp * 16 + g) * D + cw * (D / 2);
 #pragma unroll
-        for (int e = 0; e < D / 4; e += 2) {
-          const int h8 = accum_row_half(e);
-          if (q0 + warp * 16 + g + 8 * h8 < p.s_q) {
-            float* a = acc + 8 * h8 * D + accum_col(e, t);
-            asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a), "f"(dq[e]),
-                         "f"(dq[e + 1])
-                         : "memory");
+          for (int e = 0; e < D / 4; e += 2) {
+            const int h8 = accum_row_half(e);
+            if (q0 + warp * 16 + g + 8 * h8 < p.s_q) {
+              float* a = acc + 8 * h8 * D + accum_col(e, t);
+              asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a), "f"(dq[e]),
+                           "f"(dq[e + 1])
+                           : "memory");
+            }
           }
+          if (p.deterministic) v2_pass_turn(turn);
         }
-        if (p.deterministic) v2_pass_turn(turn);
       }
     }
 
@@ -430,10 +545,14 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, V2Smem<D>& sm, in
       }
     }
   }
-  if constexpr (!kAmax) v2_store_kv<D>(p, dk, dv, u_dk, u_dv, bb, hk, n0 + key_l, t);
+  if constexpr (!kAmax) {
+    if (kDqBulk && tid == 0) v2_bulk_wait_all();  // the staging reads, before the CTA ends
+    const int last = (hk + 1) * group - 1;
+    v2_store_kv<D>(p, dk, dv, u_dk(last), u_dv(last), bb, hk, n0 + key_l, t);
+  }
 }
 
-template <int D, bool kAmax>
+template <int D, bool kAmax, bool kDqBulk>
 __global__ void __launch_bounds__(kV2Threads, 1)
     bwd_main_v2_kernel(const __grid_constant__ BwdV2Params P) {
   const BwdParams& p = P.p;
@@ -467,7 +586,7 @@ __global__ void __launch_bounds__(kV2Threads, 1)
     if (threadIdx.x < 32) v2_produce<D, kAmax>(P, sm, bb, hk, mb_begin, mb_end);
   } else {
     sm90::setmaxnreg_inc<240>();
-    v2_consume<D, kAmax>(p, sm, wg - 1, bb, hk, n, mb_begin, mb_end);
+    v2_consume<D, kAmax, kDqBulk>(p, &P.tm_dq, sm, wg - 1, bb, hk, n, mb_begin, mb_end);
   }
 }
 

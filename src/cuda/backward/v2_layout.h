@@ -22,6 +22,11 @@ constexpr int kV2FullArrivals = 32;  // the producer warp: LSE / D rows, then TM
 // them (one arrive per warp after __syncwarp relied on bar.warp.sync + cumulativity, which
 // compute-sanitizer racecheck does not follow: docs/kernels/bwd_sm90.md, "racecheck (session 6)").
 constexpr int kV2EmptyArrivals = kV2Consumers;
+// dQ through bulk reductions (BwdParams::dq_bulk): each consumer warpgroup stages its FP32 dQ
+// tile (64 queries x D / 2 channels) in boxes of 64 query rows x 32 channels (128 bytes, swizzled
+// as CU_TENSOR_MAP_SWIZZLE_128B) and one thread adds them into dq_acc by TMA reduce-add.
+constexpr int kV2DqBoxCols = 32;
+constexpr int kV2DqBoxBytes = kV2Queries * kV2DqBoxCols * 4;
 
 // Byte offset of (row, col) in a K-major tile of `row_bytes` (32, 64 or 128) bytes per row,
 // swizzled as TMA's CU_TENSOR_MAP_SWIZZLE_{32,64,128}B and the wgmma descriptor's modes: the
@@ -49,6 +54,9 @@ struct alignas(1024) V2Smem {
     uint8_t dot[D * kV2Queries];
     uint8_t qt[D * kV2Queries];
   } st[kV2Stages];
+  // dQ staging by step parity (dq_bulk): [box of 32 channels][query row][channel], swizzled; the
+  // reduce of step it reads buffer it % 2 while step it + 1 writes the other.
+  alignas(1024) uint8_t dq[2][D / kV2DqBoxCols][kV2DqBoxBytes];
   float lse2[kV2Stages][kV2Queries];  // LSE * log2 e (+inf past s_q)
   float dsum[kV2Stages][kV2Queries];  // D (0 past s_q)
   uint64_t full[kV2Stages];
@@ -59,14 +67,18 @@ template <int D>
 constexpr int v2_smem_bytes() {
   return int(sizeof(V2Smem<D>)) + 1024;  // + slack to align the dynamic base to 1024
 }
+static_assert(v2_smem_bytes<128>() <= 227 * 1024, "v2: over sm_90's 227 KB per CTA");
+static_assert(v2_smem_bytes<64>() <= 227 * 1024, "v2: over sm_90's 227 KB per CTA");
 
 // The kernel's parameters: v1's, and the TMA maps of the per-query-block tiles (3-D, innermost
-// first): Q (d, s_q, b*h), dO_v (d, s_q_pad, b*h), dO_t and Q_t (s_q_pad, d, b*h).
+// first): Q (d, s_q, b*h), dO_v (d, s_q_pad, b*h), dO_t and Q_t (s_q_pad, d, b*h); the gradient
+// pass with dq_bulk: dq_acc (d, s_q, b*h) FP32, boxes (32, 64, 1) (rows past s_q are not added).
 struct BwdV2Params {
   CUtensorMap tm_q;
   CUtensorMap tm_dov;
   CUtensorMap tm_dot;
   CUtensorMap tm_qt;
+  CUtensorMap tm_dq;
   BwdParams p;
 };
 
