@@ -13,6 +13,7 @@
 #include "cuda/attention/fwd_kernel.cuh"
 #include "cuda/attention/fwd_setup.h"
 #include "cuda/attention/operand_scratch.h"
+#include "cuda/attention/tensor_map_encode.h"
 #include "fp4attn/attention_cuda.h"
 #include "fp4attn/operands_cuda.h"
 
@@ -26,26 +27,8 @@ Status cuda_status(cudaError_t e, const char* what) {
   return Status::Invalid(std::string(what) + ": CUDA error " + cudaGetErrorString(e));
 }
 
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda at
-// link time).
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-EncodeTiledFn encode_tiled() {
-  static EncodeTiledFn fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      p = nullptr;
-    }
-    return reinterpret_cast<EncodeTiledFn>(p);
-  }();
-  return fn;
-}
+using sm90::encode_tiled;
+using sm90::EncodeTiledFn;
 
 // A 3-D byte tensor (inner, mid, outer) read in boxes of (box_inner, box_mid,
 // 1), swizzled to the box's row width (64 or 128 bytes); out-of-range elements

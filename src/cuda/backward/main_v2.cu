@@ -3,31 +3,15 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "cuda/attention/tensor_map_encode.h"
 #include "cuda/backward/bwd_kernels.h"
 #include "cuda/backward/main_v2_kernel.cuh"
 
 namespace fp4attn::bwd {
 namespace {
 
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda at link time).
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
-                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
-                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-EncodeTiledFn encode_tiled() {
-  static EncodeTiledFn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      f = nullptr;
-    }
-    return reinterpret_cast<EncodeTiledFn>(f);
-  }();
-  return fn;
-}
+using sm90::encode_tiled;
+using sm90::EncodeTiledFn;
 
 // A 3-D tensor (inner, mid, outer) of `elem`-byte elements (1: bytes, 4: FP32), boxes of
 // (box_inner, box_mid, 1) swizzled to the box's row width (64 or 128 bytes, as swizzle_offset and
