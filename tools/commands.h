@@ -11,5 +11,6 @@ int cmd_run(const std::vector<std::string>& argv);
 int cmd_decode(const std::vector<std::string>& argv);
 int cmd_recipes(const std::vector<std::string>& argv);
 int cmd_emulation(const std::vector<std::string>& argv);
+int cmd_grad(const std::vector<std::string>& argv);
 
 }  // namespace fp4attn::cli

@@ -1,4 +1,4 @@
-// fp4attn: command-line front end (run, decode, recipes, emulation).
+// fp4attn: command-line front end (run, decode, recipes, emulation, grad).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -31,7 +31,8 @@ constexpr const char* kUsage =
     "  run       attention on seeded inputs; accuracy against float64 and time\n"
     "  decode    decode over a paged NVFP4/FP8 KV cache; accuracy and time\n"
     "  recipes   list the numerics recipes\n"
-    "  emulation Hopper (folded) vs Blackwell (block-scaled) arithmetic of the golden model\n\n"
+    "  emulation Hopper (folded) vs Blackwell (block-scaled) arithmetic of the golden model\n"
+    "  grad      the backward's dQ, dK, dV per recipe and suite input against float64\n\n"
     "fp4attn <command> --help shows a command's flags.\n";
 
 }  // namespace
@@ -40,7 +41,8 @@ int main(int argc, char** argv) {
   using namespace fp4attn::cli;
   if (argc < 2) {
     std::fprintf(
-        stderr, "fp4attn: missing command (run, decode, recipes, emulation); see fp4attn --help\n");
+        stderr,
+        "fp4attn: missing command (run, decode, recipes, emulation, grad); see fp4attn --help\n");
     return 2;
   }
   const std::string cmd = argv[1];
@@ -54,10 +56,11 @@ int main(int argc, char** argv) {
     if (cmd == "decode") return cmd_decode(rest);
     if (cmd == "recipes") return cmd_recipes(rest);
     if (cmd == "emulation") return cmd_emulation(rest);
-    std::fprintf(
-        stderr,
-        "fp4attn: unknown command '%s' (run, decode, recipes, emulation); see fp4attn --help\n",
-        cmd.c_str());
+    if (cmd == "grad") return cmd_grad(rest);
+    std::fprintf(stderr,
+                 "fp4attn: unknown command '%s' (run, decode, recipes, emulation, grad); see "
+                 "fp4attn --help\n",
+                 cmd.c_str());
     return 2;
   } catch (const UsageError& e) {
     std::fprintf(stderr, "fp4attn %s: %s\n", cmd.c_str(), e.what());

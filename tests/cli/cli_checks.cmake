@@ -50,3 +50,13 @@ expect_run(2 "--softmax-scale: expected a value > 0" run --softmax-scale -1)
 expect_run(2 "--emulation: expected folded or exact" run --emulation fast)
 # A small real run prints the accuracy table row of the recipe.
 expect_run(0 "nvfp4" run --heads 1 --seqlen-q 70 --seqlen-k 90 --head-dim 64 --recipe nvfp4 --causal)
+# fp4attn grad: a tiny shape prints one row per recipe and input; bad flags name themselves.
+expect_run(0 "--d-source" grad --help)
+expect_run(0 "fp8         near-uniform" grad --recipe fp8 --input all --seqlen 64 --heads 2
+           --head-dim 64)
+expect_run(0 "bf16        gaussian      refused: arithmetic" grad --recipe bf16 --seqlen 32
+           --heads 1 --head-dim 64)
+expect_run(2 "--recipe: unknown recipe 'fp3'" grad --recipe fp3)
+expect_run(2 "--d-source: expected forward-o or high-precision-o, got 'exact-o'" grad
+           --d-source exact-o)
+expect_run(2 "--arithmetic: expected fp8 or f64, got 'fp16'" grad --arithmetic fp16)

@@ -1,0 +1,217 @@
+// `fp4attn grad`: the backward's gradient accuracy on the standard suite (issue 8). Per recipe and
+// input: the recipe's golden forward (O, LSE), a seeded upstream gradient dO, the golden backward
+// (by default with the GPU's FP8 operand numerics, BackwardArithmetic::kEmulatedFp8), and dQ, dK,
+// dV against the float64 gradients of exact attention of the unquantized inputs.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <numbers>
+#include <string>
+#include <vector>
+
+#include "cli_args.h"
+#include "cli_inputs.h"
+#include "commands.h"
+#include "fp4attn/golden.h"
+#include "fp4attn/golden_backward.h"
+#include "fp4attn/metrics.h"
+#include "fp4attn/reference.h"
+#include "fp4attn/suite.h"
+
+namespace fp4attn::cli {
+namespace {
+
+const std::vector<FlagSpec> kGradFlags = {
+    {"batch", true, "batch size", "1"},
+    {"heads", true, "query and key/value heads", "4"},
+    {"seqlen", true, "query and key tokens per sequence", "1024"},
+    {"head-dim", true, "64 or 128", "128"},
+    {"causal", false, "causal mask", ""},
+    {"recipe", true, "a recipe name (fp4attn recipes) or 'all'", "all"},
+    {"input", true, "gaussian, outliers, large-logits, near-uniform or 'all'", "gaussian"},
+    {"seed", true, "input seed; dO uses the same seed (see --help)", "0"},
+    {"d-source", true, "D of the backward: 'forward-o' (the forward's O) or 'high-precision-o'",
+     "forward-o"},
+    {"arithmetic", true,
+     "the golden backward's GEMMs: 'fp8' (the GPU's FP8 operands) or 'f64' (float64)", "fp8"},
+    {"json", true, "also write the results as JSON to this file", ""},
+    {"help", false, "show this help", ""},
+};
+
+constexpr const char* kGradUsage =
+    "usage: fp4attn grad [flags]\n\n"
+    "Gradient accuracy of the golden backward: per recipe and suite input, dQ, dK, dV of the\n"
+    "recipe's golden forward and backward against the float64 gradients of exact attention of\n"
+    "the unquantized inputs (cos, rel_l2). dO ~ N(0, 1): element i (flat BSHD index) is a\n"
+    "Box-Muller normal of two splitmix64 hashes of (--seed, i), the same for every recipe and\n"
+    "input. A recipe the backward refuses for the chosen arithmetic is printed as refused.";
+
+struct GradRow {
+  std::string recipe, input, refused;  // refused: the backward's message, empty when it ran
+  ErrorStats dq, dk, dv;
+  double ms = 0;
+};
+
+// splitmix64's finalizer over a counter: a pure function of (seed, index).
+uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// dO ~ N(0, 1), platform independent (std::normal_distribution is not).
+std::vector<double> make_dout(int64_t n, uint64_t seed) {
+  std::vector<double> x(n);
+  const uint64_t key = mix64(seed ^ 0x64f0d0a7d0ull);  // a stream apart from the suite's tensors
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t a = mix64(key + 2 * static_cast<uint64_t>(i));
+    const uint64_t b = mix64(key + 2 * static_cast<uint64_t>(i) + 1);
+    const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1p-53;  // (0, 1]
+    const double u2 = static_cast<double>(b >> 11) * 0x1p-53;          // [0, 1)
+    x[i] = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+  }
+  return x;
+}
+
+std::vector<Recipe> parse_recipes(const Args& a) {
+  const std::string name = a.get("recipe", "all");
+  if (name == "all") return {std::begin(kAllRecipes), std::end(kAllRecipes)};
+  Recipe r;
+  if (!parse_recipe(name, &r)) {
+    throw UsageError("--recipe: unknown recipe '" + name + "' (see fp4attn recipes)");
+  }
+  return {r};
+}
+
+std::string json_stats(const char* name, const ErrorStats& e) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "\"%s\": {\"cos\": %.7f, \"rel_l2\": %.7g}", name, e.cos,
+                e.rel_l2);
+  return buf;
+}
+
+}  // namespace
+
+int cmd_grad(const std::vector<std::string>& argv) {
+  const Args a(argv, kGradFlags);
+  if (a.has("help")) {
+    std::printf("%s", format_help(kGradUsage, kGradFlags).c_str());
+    return 0;
+  }
+  const int64_t b = a.get_int("batch", 1, 0, 1 << 20);
+  const int64_t h = a.get_int("heads", 4, 1, 4096);
+  const int64_t s = a.get_int("seqlen", 1024, 0, int64_t(1) << 31);
+  const int64_t d = a.get_int("head-dim", 128, 1, 4096);
+  if (d != 64 && d != 128) {
+    throw UsageError("--head-dim: expected 64 or 128, got " + std::to_string(d));
+  }
+  const bool causal = a.has("causal");
+  const auto seed = static_cast<uint64_t>(a.get_int("seed", 0, 0, INT64_MAX));
+  const std::vector<Recipe> recipes = parse_recipes(a);
+  const std::vector<InputKind> inputs = parse_input_kinds(a);
+  BackwardOptions bopt;
+  const std::string d_source = a.get("d-source", "forward-o");
+  if (d_source != "forward-o" && d_source != "high-precision-o") {
+    throw UsageError("--d-source: expected forward-o or high-precision-o, got '" + d_source + "'");
+  }
+  bopt.d_source = d_source == "forward-o" ? DSource::kForwardO : DSource::kHighPrecisionO;
+  const std::string arith = a.get("arithmetic", "fp8");
+  if (arith != "fp8" && arith != "f64") {
+    throw UsageError("--arithmetic: expected fp8 or f64, got '" + arith + "'");
+  }
+  bopt.arithmetic =
+      arith == "fp8" ? BackwardArithmetic::kEmulatedFp8 : BackwardArithmetic::kFloat64;
+
+  std::printf("fp4attn grad: b=%lld h=%lld s=%lld d=%lld %s, seed %llu, d-source %s, %s\n",
+              (long long)b, (long long)h, (long long)s, (long long)d,
+              causal ? "causal" : "non-causal", (unsigned long long)seed, d_source.c_str(),
+              arith == "fp8" ? "emulated FP8 backward (the GPU's operands)" : "float64 backward");
+  std::printf("golden forward + backward of each recipe against float64 exact attention\n\n");
+  std::printf("%-11s %-13s %9s %9s %9s %9s %9s %9s %9s\n", "recipe", "input", "dq-cos", "dq-rl2",
+              "dk-cos", "dk-rl2", "dv-cos", "dv-rl2", "ms");
+
+  const auto t_all = std::chrono::steady_clock::now();
+  const int64_t nq = b * s * h * d, nlse = b * h * s;
+  std::vector<double> dout = make_dout(nq, seed);
+  const TensorView dout_v = make_view(dout.data(), DType::kF64, {b, s, h, d});
+  std::vector<GradRow> rows;
+  for (InputKind kind : inputs) {
+    SuiteInputs in = make_inputs(kind, b, s, s, h, h, d, seed);
+    const TensorView q = make_view(in.q.data(), DType::kF32, {b, s, h, d});
+    const TensorView k = make_view(in.k.data(), DType::kF32, {b, s, h, d});
+    const TensorView v = make_view(in.v.data(), DType::kF32, {b, s, h, d});
+    std::vector<double> rq(nq), rk(nq), rv(nq);
+    Status st = reference_attention_backward(q, k, v, dout_v, {0, causal},
+                                             make_view(rq.data(), DType::kF64, {b, s, h, d}),
+                                             make_view(rk.data(), DType::kF64, {b, s, h, d}),
+                                             make_view(rv.data(), DType::kF64, {b, s, h, d}));
+    if (!st.ok()) throw UsageError(st.message());
+
+    for (Recipe r : recipes) {
+      GradRow row{recipe_name(r), input_kind_name(kind), "", {}, {}, {}, 0};
+      RecipeOptions opt;
+      opt.recipe = r;
+      opt.causal = causal;
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<double> o(nq), lse(nlse), gq(nq), gk(nq), gv(nq);
+      const TensorView o_v = make_view(o.data(), DType::kF64, {b, s, h, d});
+      st = golden_attention_forward(q, k, v, opt, o_v,
+                                    make_view(lse.data(), DType::kF64, {b, h, s}));
+      if (!st.ok()) throw UsageError(st.message());
+      st = golden_attention_backward(q, k, v, o_v, dout_v,
+                                     make_view(lse.data(), DType::kF64, {b, h, s}), opt,
+                                     make_view(gq.data(), DType::kF64, {b, s, h, d}),
+                                     make_view(gk.data(), DType::kF64, {b, s, h, d}),
+                                     make_view(gv.data(), DType::kF64, {b, s, h, d}), bopt);
+      row.ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (!st.ok()) {
+        row.refused = st.message();
+        std::printf("%-11s %-13s refused: %s\n", row.recipe.c_str(), row.input.c_str(),
+                    row.refused.c_str());
+      } else {
+        row.dq = compare(gq.data(), rq.data(), nq);
+        row.dk = compare(gk.data(), rk.data(), nq);
+        row.dv = compare(gv.data(), rv.data(), nq);
+        std::printf("%-11s %-13s %9.5f %9.5f %9.5f %9.5f %9.5f %9.5f %9.1f\n", row.recipe.c_str(),
+                    row.input.c_str(), row.dq.cos, row.dq.rel_l2, row.dk.cos, row.dk.rel_l2,
+                    row.dv.cos, row.dv.rel_l2, row.ms);
+      }
+      std::fflush(stdout);
+      rows.push_back(row);
+    }
+  }
+  const double total_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_all).count();
+  std::printf("\ntotal %.1f s\n", total_s);
+
+  if (a.has("json")) {
+    const std::string path = a.get("json", "");
+    std::ofstream out(path);
+    if (!out) throw UsageError("--json: cannot open '" + path + "' for writing");
+    std::string command = "fp4attn grad";
+    for (const std::string& arg : argv) command += " " + arg;
+    out << "{\"suite\": \"grad-accuracy\", \"command\": \"" << command << "\", \"seed\": " << seed
+        << ",\n \"dout\": \"N(0,1): Box-Muller of splitmix64 hashes of (seed, flat BSHD index)\""
+        << ",\n \"shape\": {\"b\": " << b << ", \"h\": " << h << ", \"s\": " << s
+        << ", \"d\": " << d << "}, \"d_source\": \"" << d_source << "\", \"arithmetic\": \""
+        << arith << "\", \"seconds\": " << total_s << ",\n \"records\": [";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const GradRow& r = rows[i];
+      out << (i ? "," : "") << "\n  {\"recipe\": \"" << r.recipe << "\", \"input\": \"" << r.input
+          << "\", \"causal\": " << (causal ? "true" : "false") << ", ";
+      if (!r.refused.empty()) {
+        out << "\"refused\": \"" << r.refused << "\"}";
+      } else {
+        out << json_stats("dq", r.dq) << ", " << json_stats("dk", r.dk) << ", "
+            << json_stats("dv", r.dv) << "}";
+      }
+    }
+    out << "\n]}\n";
+  }
+  return 0;
+}
+
+}  // namespace fp4attn::cli
