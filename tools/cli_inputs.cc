@@ -17,4 +17,14 @@ std::vector<InputKind> parse_input_kinds(const Args& a) {
   return {k};
 }
 
+std::vector<Recipe> parse_recipes(const Args& a) {
+  const std::string name = a.get("recipe", "all");
+  if (name == "all") return {std::begin(kAllRecipes), std::end(kAllRecipes)};
+  Recipe r;
+  if (!parse_recipe(name, &r)) {
+    throw UsageError("--recipe: unknown recipe '" + name + "' (see fp4attn recipes)");
+  }
+  return {r};
+}
+
 }  // namespace fp4attn::cli

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <numbers>
 #include <string>
 #include <vector>
 
@@ -43,8 +42,8 @@ constexpr const char* kGradUsage =
     "usage: fp4attn grad [flags]\n\n"
     "Gradient accuracy of the golden backward: per recipe and suite input, dQ, dK, dV of the\n"
     "recipe's golden forward and backward against the float64 gradients of exact attention of\n"
-    "the unquantized inputs (cos, rel_l2). dO ~ N(0, 1): element i (flat BSHD index) is a\n"
-    "Box-Muller normal of two splitmix64 hashes of (--seed, i), the same for every recipe and\n"
+    "the unquantized inputs (cos, rel_l2). dO ~ N(0, 1): element i (flat BSHD index) is\n"
+    "suite_normal(--seed, stream 101, i) (fp4attn/suite.h), the same for every recipe and\n"
     "input. A recipe the backward refuses for the chosen arithmetic is printed as refused.";
 
 struct GradRow {
@@ -53,36 +52,12 @@ struct GradRow {
   double ms = 0;
 };
 
-// splitmix64's finalizer over a counter: a pure function of (seed, index).
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// dO ~ N(0, 1), platform independent (std::normal_distribution is not).
+// dO ~ N(0, 1) from the suite's generator, on a stream of its own (platform independent).
+constexpr uint64_t kDoutStream = 101;
 std::vector<double> make_dout(int64_t n, uint64_t seed) {
   std::vector<double> x(n);
-  const uint64_t key = mix64(seed ^ 0x64f0d0a7d0ull);  // a stream apart from the suite's tensors
-  for (int64_t i = 0; i < n; ++i) {
-    const uint64_t a = mix64(key + 2 * static_cast<uint64_t>(i));
-    const uint64_t b = mix64(key + 2 * static_cast<uint64_t>(i) + 1);
-    const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1p-53;  // (0, 1]
-    const double u2 = static_cast<double>(b >> 11) * 0x1p-53;          // [0, 1)
-    x[i] = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-  }
+  for (int64_t i = 0; i < n; ++i) x[i] = suite_normal(seed, kDoutStream, static_cast<uint64_t>(i));
   return x;
-}
-
-std::vector<Recipe> parse_recipes(const Args& a) {
-  const std::string name = a.get("recipe", "all");
-  if (name == "all") return {std::begin(kAllRecipes), std::end(kAllRecipes)};
-  Recipe r;
-  if (!parse_recipe(name, &r)) {
-    throw UsageError("--recipe: unknown recipe '" + name + "' (see fp4attn recipes)");
-  }
-  return {r};
 }
 
 std::string json_stats(const char* name, const ErrorStats& e) {
@@ -194,7 +169,7 @@ int cmd_grad(const std::vector<std::string>& argv) {
     std::string command = "fp4attn grad";
     for (const std::string& arg : argv) command += " " + arg;
     out << "{\"suite\": \"grad-accuracy\", \"command\": \"" << command << "\", \"seed\": " << seed
-        << ",\n \"dout\": \"N(0,1): Box-Muller of splitmix64 hashes of (seed, flat BSHD index)\""
+        << ",\n \"dout\": \"N(0,1): suite_normal(seed, stream 101, flat BSHD index)\""
         << ",\n \"shape\": {\"b\": " << b << ", \"h\": " << h << ", \"s\": " << s
         << ", \"d\": " << d << "}, \"d_source\": \"" << d_source << "\", \"arithmetic\": \""
         << arith << "\", \"seconds\": " << total_s << ",\n \"records\": [";

@@ -78,16 +78,6 @@ Problem parse_problem(const Args& a) {
   return p;
 }
 
-std::vector<Recipe> parse_recipes(const Args& a) {
-  const std::string name = a.get("recipe", "all");
-  if (name == "all") return {std::begin(kAllRecipes), std::end(kAllRecipes)};
-  Recipe r;
-  if (!parse_recipe(name, &r)) {
-    throw UsageError("--recipe: unknown recipe '" + name + "' (see fp4attn recipes)");
-  }
-  return {r};
-}
-
 double lse_max_err(const std::vector<double>& lse, const std::vector<double>& ref) {
   double m = 0;
   for (size_t i = 0; i < lse.size(); ++i) {

@@ -45,4 +45,9 @@ struct SuiteInputs {
 SuiteInputs make_inputs(InputKind kind, int64_t b, int64_t s_q, int64_t s_k, int64_t h,
                         int64_t h_kv, int64_t d, uint64_t seed);
 
+// The suite's N(0, 1) generator, for other seeded tensors (e.g. an upstream gradient): a pure
+// function of (seed, stream, index), the same on every platform. Streams 1-7 are the suite's own
+// tensors; use another.
+double suite_normal(uint64_t seed, uint64_t stream, uint64_t index);
+
 }  // namespace fp4attn

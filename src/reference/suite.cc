@@ -100,6 +100,10 @@ const char* input_kind_name(InputKind kind) {
   return "unknown";
 }
 
+double suite_normal(uint64_t seed, uint64_t stream, uint64_t index) {
+  return normal(seed, stream, index);
+}
+
 bool parse_input_kind(std::string_view name, InputKind* out) {
   for (InputKind kind : kAllInputKinds) {
     if (name == input_kind_name(kind)) {
