@@ -1,12 +1,13 @@
 // The backward's main kernel, v2 on FP8 wgmma (docs/kernels/bwd_sm90.md "v2"), with v1's
-// numerics (main_kernel.cuh: the same operand bytes, scales, roundings and masks; only the FP32
-// accumulation order differs).
+// numerics (main_kernel.cuh: the same operand bytes, scales, roundings and masks) but for the FP32
+// accumulation order and the element math of "v2: the instruction diet" (P as exp2 of the lifted
+// argument on MUFU alone, power-of-two factors folded into one multiply per operand).
 //
 // One CTA of 384 threads per (key block of 128, batch, kv head). Warp 0 produces: per step (a
 // query head of the GQA group and a block of 64 queries) it loads Q, dO_v, dO_t and Q_t by TMA
 // and the LSE / D rows by plain loads into a kV2Stages-deep ring. Consumer warpgroup cw (1 + cw)
 // owns keys 64cw..64cw+63 of the block and per step computes
-//   S^T  = K Q^T       (ss, E4M3 x E4M3)   -> P = exp2(S * c - LSE * log2 e), 0 where masked
+//   S^T  = K Q^T       (ss, E4M3 x E4M3)   -> 2^8 P = exp2(S c - LSE log2 e + 8), 0 if masked
 //   dP^T = V dO_v^T    (ss, E4M3 x E5M2)   -> dS = P * (dP * 2^-g' - D)
 //   dV  += (2^8 P)^T dO_t           (rs: P^T from the S^T accumulator, E4M3 x E5M2)
 //   dK  += (2^h' dS q_scale)^T Q_t   (rs: dS^T from the dP^T accumulator, E4M3 x E4M3)
@@ -59,6 +60,13 @@ __device__ __forceinline__ void v2_bulk_wait_all() {
 // Orders this thread's generic-proxy global accesses with its async-proxy ones.
 __device__ __forceinline__ void v2_fence_async_global() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+// The descriptor of k-step kk (32 bytes further, 2 in the start-address field): added to the low
+// word only (the field is 14 bits of a shared-memory address below 2^18: it cannot carry), which
+// saves the 64-bit add and its moves before every wgmma.
+__device__ __forceinline__ uint64_t v2_desc_at(uint64_t desc, int kk) {
+  return (desc & 0xffffffff00000000ull) | uint32_t(uint32_t(desc) + 2u * uint32_t(kk));
 }
 
 // Step `it` of the CTA's (head, query block) sequence in the stage ring.
@@ -124,9 +132,10 @@ __device__ __forceinline__ void v2_produce(const BwdV2Params& P, V2Smem<D>& sm, 
         const int il = r * 32 + lane;
         const int64_t i = q0 + il;
         const bool in = i < p.s_q;
-        sm.lse2[s][il] =
-            in ? p.lse[bb * p.lse_stride[0] + hq * p.lse_stride[1] + i] * 1.4426950408889634f
-               : __int_as_float(0x7f800000);
+        // LSE * log2 e - 8: exp2 of z minus it is 2^8 p, the P operand's lift (kPLiftLog2).
+        sm.lse2[s][il] = in ? fmaf(p.lse[bb * p.lse_stride[0] + hq * p.lse_stride[1] + i],
+                                   1.4426950408889634f, -float(kPLiftLog2))
+                            : __int_as_float(0x7f800000);
         sm.dsum[s][il] = in ? p.dsum[int64_t(bh) * p.s_q + i] : 0.f;
       }
       if (lane == 0) {
@@ -175,12 +184,13 @@ __device__ __forceinline__ void v2_halve(float (&v)[16], int lane, int mask) {
 }
 
 // DSource::kHighPrecisionO, amax pass: D_hp_i += sum over the CTA's 128 keys of p_ij dP_ij (the p
-// and dP of dS: P masked, dP * 2^-g'), one add per query row and CTA. Per thread, the two row
-// halves of each of its 16 columns; a reduce-scatter over the 8 lanes of each column leaves lane
-// (g, t) the columns d_hp_col(g, t, 0 / 1) (bwd_bits.h, CPU-tested); the 8 warps' sums meet in
-// shared memory (the unused dS tile, by step parity: a buffer is rewritten two steps later, after
-// every reader passed the next step's barrier) and 64 threads add them in warp order.
-// Deterministic: the adds of a query block in key-block order (the dQ turns).
+// and dP of dS: P masked, dP * 2^-g'; pv holds 2^8 p, the sum is scaled back exactly), one add per
+// query row and CTA. Per thread, the two row halves of each of its 16 columns; a reduce-scatter
+// over the 8 lanes of each column leaves lane (g, t) the columns d_hp_col(g, t, 0 / 1) (bwd_bits.h,
+// CPU-tested); the 8 warps' sums meet in shared memory (the unused dS tile, by step parity: a
+// buffer is rewritten two steps later, after every reader passed the next step's barrier) and 64
+// threads add them in warp order. Deterministic: the adds of a query block in key-block order (the
+// dQ turns).
 template <int D>
 __device__ __forceinline__ void v2_add_d_hp(const BwdParams& p, V2Smem<D>& sm,
                                             const float (&pv)[32], const float (&dpu)[32], int it,
@@ -208,6 +218,7 @@ __device__ __forceinline__ void v2_add_d_hp(const BwdParams& p, V2Smem<D>& sm,
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < 8; ++w) sum += red[it & 1][w][ci];
+    sum *= 1.f / float(1 << kPLiftLog2);  // pv is 2^8 p
     asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p.dsum_hp + bh * p.s_q + i), "f"(sum)
                  : "memory");
   }
@@ -396,17 +407,18 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 32; ++kk) {
-        wgmma_ss<64, false>(sc, desc_k + 2 * kk, desc_q + 2 * kk, kk > 0);
+        wgmma_ss<64, false>(sc, v2_desc_at(desc_k, kk), v2_desc_at(desc_q, kk), kk > 0);
       }
       sm90::wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < D / 32; ++kk) {
-        wgmma_ss<64, true>(dp, desc_v + 2 * kk, desc_dov + 2 * kk, kk > 0);
+        wgmma_ss<64, true>(dp, v2_desc_at(desc_v, kk), v2_desc_at(desc_dov, kk), kk > 0);
       }
       sm90::wgmma_commit();
 
       // Element e (row half h) is visible iff lo[h] <= its local query column < hi[h]: the mask
-      // of key_visible (tails of both lengths, bottom-right causal) in two compares.
+      // of key_visible (tails of both lengths, bottom-right causal) in two compares. Steps where
+      // the whole warp sees every element (all but the causal diagonal and the tails) skip it.
       int lo[2], hi[2];
       {
         const int q_lim = min(p.s_q - q0, kV2Queries);
@@ -417,33 +429,70 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
           hi[h] = key < p.s_k ? q_lim : 0;
         }
       }
+      const bool full = __all_sync(
+          0xffffffffu, lo[0] == 0 && lo[1] == 0 && hi[0] == kV2Queries && hi[1] == kV2Queries);
       auto visible = [&](int e) {
         const int c = accum_col(e, t), h = accum_row_half(e);
         return c >= lo[h] && c < hi[h];
       };
-      // LSE and D of this thread's 16 query columns (pairs 8j + 2t, 8j + 2t + 1).
+      // The LSE / D pair of the columns 8j + 2t, 8j + 2t + 1 of elements 4j..4j + 3 (element e
+      // takes .x when e is even).
       const float* lse2 = sm.lse2[s];
       const float* dsum = sm.dsum[s];
-      auto row_value = [&](const float* v, int e) { return v[accum_col(e, t)]; };
+      auto col_pair = [&](const float* v, int j) {
+        return *reinterpret_cast<const float2*>(v + accum_col(4 * j, t));
+      };
+      // P lifted: sc = 2^8 p = exp2(S c - (LSE log2 e - 8)), MUFU.EX2 alone (flush to zero below
+      // 2^-126, where the P operand and every dS byte are 0 anyway), 0 where masked.
+      auto p_elements = [&](auto masked) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float2 l = col_pair(lse2, j);
+#pragma unroll
+          for (int e = 4 * j; e < 4 * j + 4; ++e) {
+            const float pv = sm90::fast_exp2(fmaf(sc[e], zc, -((e & 1) ? l.y : l.x)));
+            sc[e] = (!decltype(masked)::value || visible(e)) ? pv : 0.f;
+          }
+        }
+      };
       sm90::wgmma_wait<1>();
       v2_fence(sc);
-#pragma unroll
-      for (int e = 0; e < 32; ++e) {
-        const float pv = exp2f(fmaf(sc[e], zc, -row_value(lse2, e)));
-        sc[e] = visible(e) ? pv : 0.f;
+      if (full) {
+        p_elements(std::false_type{});
+      } else {
+        p_elements(std::true_type{});
       }
       v2_fence(sc);  // P is computed here, while the dP^T wgmmas run, not after their wait
       sm90::wgmma_wait<0>();
       v2_fence(dp);
       if constexpr (kAmax) {
+        // max |2^8 dS| of the thread's elements; |dS k_scale| and |dS q_scale| from it after the
+        // loop (scaling by a positive factor commutes with the max: the same bits).
+        auto amax_elements = [&](auto single, auto masked) {
+          float m = 0.f;
 #pragma unroll
-        for (int e = 0; e < 32; ++e) {
-          dp[e] = dp_unit(dp[e]);  // dP in real units, as dS sees it
-          const float dse = sc[e] * (dp[e] - row_value(dsum, e));
-          const float ds = visible(e) ? dse : 0.f;
-          m_k = fmaxf(m_k, fabsf(ds * ks));
-          m_q = fmaxf(m_q, fabsf(ds * qs));
+          for (int j = 0; j < 8; ++j) {
+            const float2 dd = col_pair(dsum, j);
+#pragma unroll
+            for (int e = 4 * j; e < 4 * j + 4; ++e) {
+              // dP in real units, as dS sees it (and D_hp)
+              dp[e] = dp_unit.apply<decltype(single)::value>(dp[e]);
+              const float dse = sc[e] * (dp[e] - ((e & 1) ? dd.y : dd.x));
+              m = fmaxf(m, fabsf((!decltype(masked)::value || visible(e)) ? dse : 0.f));
+            }
+          }
+          return m;
+        };
+        float m;
+        if (dp_unit.single()) {
+          m = full ? amax_elements(std::true_type{}, std::false_type{})
+                   : amax_elements(std::true_type{}, std::true_type{});
+        } else {
+          m = amax_elements(std::false_type{}, std::true_type{});
         }
+        m *= 1.f / float(1 << kPLiftLog2);
+        m_k = fmaxf(m_k, m * ks);
+        m_q = fmaxf(m_q, m * qs);
         // The stage (tiles, LSE, D) is no longer read by this thread: every consumer thread
         // arrives (v2_layout.h kV2EmptyArrivals), each releasing its own LSE / D loads.
         sm90::mbar_arrive(&sm.empty[s]);
@@ -461,24 +510,55 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
             ds_at[b][h] = swizzle_offset(2 * t + b, key_l + 8 * h, kV2Keys);
           }
         }
-        // Two copies: one multiply per power of two when all three are in range (the usual
-        // case: a uniform branch), Pow2's two otherwise; the same bits either way.
-        auto ds_elements = [&](auto single) {
-          constexpr bool kSingle = decltype(single)::value;
+        // sc holds 2^8 p, so 2^8 dS = sc (dP 2^-g' - D). The fast form folds 2^-8 into one
+        // factor per operand, fq = q_scale 2^(h' - 8) and fk = k_scale 2^(h - 8) (exact: normal
+        // powers of two times normal scales), one multiply each; the general form (exponents or
+        // factors out of FP32's normal range: tiny or huge slices) divides by 2^8 and applies
+        // Pow2. Both round the same real numbers once per operation.
+        const Pow2 to_dk8(h_dk - kPLiftLog2), to_dq8(h_dq - kPLiftLog2);
+        const float fq = to_dk8.apply<true>(qs), fk = to_dq8.apply<true>(ks);
+        auto normal = [](float x) { return x >= 1.17549435e-38f && x <= 3.4e38f; };
+        const bool fast =
+            dp_unit.single() && to_dk8.single() && to_dq8.single() && normal(fq) && normal(fk);
+        auto ds_elements = [&](auto fast_form, auto masked) {
+          constexpr bool kFast = decltype(fast_form)::value;
+          constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
-          for (int e = 0; e < 32; ++e) {
-            const float dse = sc[e] * (dp_unit.apply<kSingle>(dp[e]) - row_value(dsum, e));
-            const float ds = visible(e) ? dse : 0.f;
-            sc[e] *= 256.f;  // 2^kPLiftLog2
-            dp[e] = to_dk.apply<kSingle>(ds * qs);
-            ds_tile[ds_at[e & 1][accum_row_half(e)] + 1024 * (e >> 2)] =
-                uint8_t(e4m3x2(to_dq.apply<kSingle>(ds * ks), 0.f));
+          for (int j = 0; j < 8; ++j) {
+            const float2 dd = col_pair(dsum, j);
+            float bq[4];  // the dS_k values of elements 4j..4j + 3
+#pragma unroll
+            for (int e = 4 * j; e < 4 * j + 4; ++e) {
+              const float dse = sc[e] * (dp_unit.apply<kFast>(dp[e]) - ((e & 1) ? dd.y : dd.x));
+              const float ds = (!kMasked || visible(e)) ? dse : 0.f;
+              if constexpr (kFast) {
+                dp[e] = ds * fq;
+                bq[e - 4 * j] = ds * fk;
+              } else {
+                const float d1 = ds * (1.f / float(1 << kPLiftLog2));
+                dp[e] = to_dk.apply<false>(d1 * qs);
+                bq[e - 4 * j] = to_dq.apply<false>(d1 * ks);
+              }
+            }
+            // Elements 4j, 4j + 1 (row half 0) and 4j + 2, 4j + 3 (row half 1): one conversion
+            // per pair, the two bytes to their query rows.
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint32_t pair = e4m3x2(bq[2 * h], bq[2 * h + 1]);
+              uint8_t* row = ds_tile + 1024 * j;
+              row[ds_at[0][h]] = uint8_t(pair);
+              row[ds_at[1][h]] = uint8_t(pair >> 8);
+            }
           }
         };
-        if (dp_unit.single() && to_dk.single() && to_dq.single()) {
-          ds_elements(std::true_type{});
+        if (fast) {
+          if (full) {
+            ds_elements(std::true_type{}, std::false_type{});
+          } else {
+            ds_elements(std::true_type{}, std::true_type{});
+          }
         } else {
-          ds_elements(std::false_type{});
+          ds_elements(std::false_type{}, std::true_type{});
         }
         uint32_t pa[2][4], da[2][4];
         v2_pack_a(sc, pa);
@@ -487,9 +567,9 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
         const uint64_t desc_qt = sm90::make_kmajor_desc(sm.st[s].qt, kV2Queries);
         sm90::wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) wgmma_rs<D, true>(dv, pa[kk], desc_dot + 2 * kk, 1);
+        for (int kk = 0; kk < 2; ++kk) wgmma_rs<D, true>(dv, pa[kk], v2_desc_at(desc_dot, kk), 1);
 #pragma unroll
-        for (int kk = 0; kk < 2; ++kk) wgmma_rs<D, false>(dk, da[kk], desc_qt + 2 * kk, 1);
+        for (int kk = 0; kk < 2; ++kk) wgmma_rs<D, false>(dk, da[kk], v2_desc_at(desc_qt, kk), 1);
         sm90::wgmma_commit();
 
         // dQ: both warpgroups' dS bytes (generic-proxy writes) before the wgmma reads them. With
@@ -503,7 +583,7 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
         sm90::wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kV2Keys / 32; ++kk) {
-          wgmma_ss<D / 2, false>(dq, desc_ds + 2 * kk, desc_kt + 2 * kk, kk > 0);
+          wgmma_ss<D / 2, false>(dq, v2_desc_at(desc_ds, kk), v2_desc_at(desc_kt, kk), kk > 0);
         }
         sm90::wgmma_commit();
         sm90::wgmma_wait<0>();

@@ -57,7 +57,7 @@ struct alignas(1024) V2Smem {
   // dQ staging by step parity (dq_bulk): [box of 32 channels][query row][channel], swizzled; the
   // reduce of step it reads buffer it % 2 while step it + 1 writes the other.
   alignas(1024) uint8_t dq[2][D / kV2DqBoxCols][kV2DqBoxBytes];
-  float lse2[kV2Stages][kV2Queries];  // LSE * log2 e (+inf past s_q)
+  float lse2[kV2Stages][kV2Queries];  // LSE * log2 e - kPLiftLog2 (+inf past s_q)
   float dsum[kV2Stages][kV2Queries];  // D (0 past s_q)
   uint64_t full[kV2Stages];
   uint64_t empty[kV2Stages];
