@@ -36,7 +36,7 @@ cudaError_t make_map(CUtensorMap* map, const void* base, int64_t inner, int64_t 
 
 template <int D, bool kAmax, bool kDqBulk = false>
 cudaError_t launch(const BwdV2Params& P, cudaStream_t stream) {
-  constexpr int smem = v2_smem_bytes<D>();
+  constexpr int smem = v2_smem_bytes<D, kAmax>();
   auto kernel = bwd_main_v2_kernel<D, kAmax, kDqBulk>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;

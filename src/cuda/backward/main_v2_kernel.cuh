@@ -5,8 +5,8 @@
 //
 // One CTA of 384 threads per (key block of 128, batch, kv head). Warp 0 produces: per step (a
 // query head of the GQA group and a block of 64 queries) it loads Q, dO_v, dO_t and Q_t by TMA
-// and the LSE / D rows by plain loads into a kV2Stages-deep ring. Consumer warpgroup cw (1 + cw)
-// owns keys 64cw..64cw+63 of the block and per step computes
+// and the LSE / D rows and the Q factor by plain loads into a ring of v2_stages stages. Consumer
+// warpgroup cw (1 + cw) owns keys 64cw..64cw+63 of the block and per step computes
 //   S^T  = K Q^T       (ss, E4M3 x E4M3)   -> 2^8 P = exp2(S c - LSE log2 e + 8), 0 if masked
 //   dP^T = V dO_v^T    (ss, E4M3 x E5M2)   -> dS = P * (dP * 2^-g' - D)
 //   dV  += (2^8 P)^T dO_t           (rs: P^T from the S^T accumulator, E4M3 x E5M2)
@@ -70,44 +70,94 @@ __device__ __forceinline__ uint64_t v2_desc_at(uint64_t desc, int kk) {
 }
 
 // Step `it` of the CTA's (head, query block) sequence in the stage ring.
-__device__ __forceinline__ int v2_stage(int it) { return it % kV2Stages; }
-__device__ __forceinline__ uint32_t v2_parity(int it) { return uint32_t(it / kV2Stages) & 1u; }
+template <int kStages>
+__device__ __forceinline__ int v2_stage(int it) {
+  return it % kStages;
+}
+template <int kStages>
+__device__ __forceinline__ uint32_t v2_parity(int it) {
+  return uint32_t(it / kStages) & 1u;
+}
+
+// 4 x 4 byte transpose: byte j of out[i] is byte i of in[j] (four rows of four bytes become four
+// columns), so that a transposed tile is written with 32-bit stores instead of byte stores.
+__device__ __forceinline__ void v2_transpose4x4(const uint32_t (&in)[4], uint32_t (&out)[4]) {
+  const uint32_t lo01 = __byte_perm(in[0], in[1], 0x5140), lo23 = __byte_perm(in[2], in[3], 0x5140);
+  const uint32_t hi01 = __byte_perm(in[0], in[1], 0x7362), hi23 = __byte_perm(in[2], in[3], 0x7362);
+  out[0] = __byte_perm(lo01, lo23, 0x5410);
+  out[1] = __byte_perm(lo01, lo23, 0x7632);
+  out[2] = __byte_perm(hi01, hi23, 0x5410);
+  out[3] = __byte_perm(hi01, hi23, 0x7632);
+}
+
+__device__ __forceinline__ uint32_t v2_word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
 
 // K (zero past s_k), K^T and V (un-permuted from the forward's V^T), swizzled, once per CTA.
+// Each thread takes 4 x 16-byte rows and writes their transpose as 4-byte columns: K^T from 4
+// keys x 16 channels, V from 4 channels x 16 positions of V^T (positions become keys through
+// operand_v_key_at).
 template <int D, bool kAmax>
-__device__ __forceinline__ void v2_load_kv(const BwdParams& p, V2Smem<D>& sm, int bhk, int n0) {
+__device__ __forceinline__ void v2_load_kv(const BwdParams& p, V2Smem<D, kAmax>& sm, int bhk,
+                                           int n0) {
   const uint8_t* kg = p.k + int64_t(bhk) * p.s_k * D;
-  for (int idx = threadIdx.x; idx < kV2Keys * D / 16; idx += kV2Threads) {
-    const int r = idx / (D / 16), c16 = (idx % (D / 16)) * 16;
-    uint4 w = make_uint4(0, 0, 0, 0);
-    if (n0 + r < p.s_k) w = *reinterpret_cast<const uint4*>(kg + int64_t(n0 + r) * D + c16);
-    *reinterpret_cast<uint4*>(&sm.k[swizzle_offset(r, c16, D)]) = w;
-    if constexpr (!kAmax) {
-      const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+  for (int idx = threadIdx.x; idx < (kV2Keys / 4) * (D / 16); idx += kV2Threads) {
+    const int r0 = (idx / (D / 16)) * 4, c16 = (idx % (D / 16)) * 16;
+    uint4 rows[4];
 #pragma unroll
-      for (int e = 0; e < 16; ++e) {
-        sm.kt[swizzle_offset(c16 + e, r, kV2Keys)] = uint8_t(words[e / 4] >> (8 * (e % 4)));
+    for (int i = 0; i < 4; ++i) {
+      rows[i] = make_uint4(0, 0, 0, 0);
+      if (n0 + r0 + i < p.s_k) {
+        rows[i] = *reinterpret_cast<const uint4*>(kg + int64_t(n0 + r0 + i) * D + c16);
+      }
+      *reinterpret_cast<uint4*>(&sm.k[swizzle_offset(r0 + i, c16, D)]) = rows[i];
+    }
+    if constexpr (!kAmax) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const uint32_t in[4] = {v2_word(rows[0], w), v2_word(rows[1], w), v2_word(rows[2], w),
+                                v2_word(rows[3], w)};
+        uint32_t out[4];
+        v2_transpose4x4(in, out);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          *reinterpret_cast<uint32_t*>(&sm.kt[swizzle_offset(c16 + 4 * w + j, r0, kV2Keys)]) =
+              out[j];
+        }
       }
     }
   }
   const uint8_t* vg = p.vt + int64_t(bhk) * D * p.vt_pitch;
-  for (int idx = threadIdx.x; idx < D * kV2Keys / 4; idx += kV2Threads) {
-    const int c = idx / (kV2Keys / 4), pl = (idx % (kV2Keys / 4)) * 4;
-    uint32_t w = 0;
-    if (n0 + pl < p.vt_pitch) {
-      w = *reinterpret_cast<const uint32_t*>(vg + int64_t(c) * p.vt_pitch + n0 + pl);
+  for (int idx = threadIdx.x; idx < (D / 4) * (kV2Keys / 16); idx += kV2Threads) {
+    const int c0 = (idx / (kV2Keys / 16)) * 4, p16 = (idx % (kV2Keys / 16)) * 16;
+    uint4 rows[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      rows[i] = make_uint4(0, 0, 0, 0);
+      if (n0 + p16 < p.vt_pitch) {  // the pitch is a multiple of 16: whole groups
+        rows[i] = *reinterpret_cast<const uint4*>(vg + int64_t(c0 + i) * p.vt_pitch + n0 + p16);
+      }
     }
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      sm.v[swizzle_offset(uint32_t(operand_v_key_at(pl + e)), c, D)] = uint8_t(w >> (8 * e));
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t in[4] = {v2_word(rows[0], w), v2_word(rows[1], w), v2_word(rows[2], w),
+                              v2_word(rows[3], w)};
+      uint32_t out[4];  // out[j]: channels c0..c0 + 3 of position p16 + 4w + j
+      v2_transpose4x4(in, out);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t key = uint32_t(operand_v_key_at(p16 + 4 * w + j));
+        *reinterpret_cast<uint32_t*>(&sm.v[swizzle_offset(key, c0, D)]) = out[j];
+      }
     }
   }
 }
 
 // Warp 0: the (head, query block) steps' tiles into the stage ring.
 template <int D, bool kAmax>
-__device__ __forceinline__ void v2_produce(const BwdV2Params& P, V2Smem<D>& sm, int bb, int hk,
-                                           int mb_begin, int mb_end) {
+__device__ __forceinline__ void v2_produce(const BwdV2Params& P, V2Smem<D, kAmax>& sm, int bb,
+                                           int hk, int mb_begin, int mb_end) {
   const BwdParams& p = P.p;
   const int lane = threadIdx.x % 32;
   if (lane == 0) {
@@ -124,8 +174,9 @@ __device__ __forceinline__ void v2_produce(const BwdV2Params& P, V2Smem<D>& sm, 
   for (int hq = hk * group; hq < (hk + 1) * group; ++hq) {
     const int bh = bb * p.h + hq;
     for (int mb = mb_begin; mb < mb_end; ++mb, ++it) {
-      const int s = v2_stage(it);
-      if (it >= kV2Stages) sm90::mbar_wait(&sm.empty[s], v2_parity(it) ^ 1u);
+      constexpr int kStages = V2Smem<D, kAmax>::kStages;
+      const int s = v2_stage<kStages>(it);
+      if (it >= kStages) sm90::mbar_wait(&sm.empty[s], v2_parity<kStages>(it) ^ 1u);
       const int q0 = mb * kV2Queries;
 #pragma unroll
       for (int r = 0; r < kV2Queries / 32; ++r) {
@@ -139,6 +190,7 @@ __device__ __forceinline__ void v2_produce(const BwdV2Params& P, V2Smem<D>& sm, 
         sm.dsum[s][il] = in ? p.dsum[int64_t(bh) * p.s_q + i] : 0.f;
       }
       if (lane == 0) {
+        sm.q_scale[s] = p.q_scale[int64_t(bh) * ((p.s_q + 127) / 128) + q0 / 128];
         sm90::mbar_arrive_expect_tx(&sm.full[s], kBytes);
         sm90::tma_load_3d(sm.st[s].q, &P.tm_q, &sm.full[s], 0, q0, bh);
         sm90::tma_load_3d(sm.st[s].dov, &P.tm_dov, &sm.full[s], 0, q0, bh);
@@ -192,7 +244,7 @@ __device__ __forceinline__ void v2_halve(float (&v)[16], int lane, int mask) {
 // threads add them in warp order. Deterministic: the adds of a query block in key-block order (the
 // dQ turns).
 template <int D>
-__device__ __forceinline__ void v2_add_d_hp(const BwdParams& p, V2Smem<D>& sm,
+__device__ __forceinline__ void v2_add_d_hp(const BwdParams& p, V2Smem<D, true>& sm,
                                             const float (&pv)[32], const float (&dpu)[32], int it,
                                             int cw, int n, int64_t bh, int mb) {
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -205,7 +257,7 @@ __device__ __forceinline__ void v2_add_d_hp(const BwdParams& p, V2Smem<D>& sm,
   v2_halve<8>(v, lane, 16);
   v2_halve<4>(v, lane, 8);
   v2_halve<2>(v, lane, 4);
-  static_assert(sizeof(float) * 2 * 8 * kV2Queries <= sizeof(V2Smem<D>::ds));
+  static_assert(sizeof(float) * 2 * 8 * kV2Queries <= sizeof(V2Smem<D, true>::ds));
   auto red = reinterpret_cast<float(*)[8][kV2Queries]>(&sm.ds[0][0]);
   *reinterpret_cast<float2*>(&red[it & 1][cw * 4 + warp][d_hp_col(g, t, 0)]) =
       make_float2(v[0], v[1]);
@@ -234,8 +286,8 @@ __device__ __forceinline__ void v2_add_d_hp(const BwdParams& p, V2Smem<D>& sm,
 // the warpgroups' channels being disjoint) and passes the turn once its adds are performed.
 template <int D>
 __device__ __forceinline__ void v2_add_dq_bulk(const BwdParams& p, const CUtensorMap* tm_dq,
-                                               V2Smem<D>& sm, const float (&dq)[D / 4], int it,
-                                               int cw, int n, int64_t bh, int mb) {
+                                               V2Smem<D, false>& sm, const float (&dq)[D / 4],
+                                               int it, int cw, int n, int64_t bh, int mb) {
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   constexpr int kBoxes = D / 2 / kV2DqBoxCols;  // per warpgroup
   uint8_t* stage = sm.dq[it & 1][cw * kBoxes];
@@ -344,7 +396,7 @@ __device__ __forceinline__ void v2_store_kv(const BwdParams& p, const float (&dk
 // Consumer warpgroup cw (0, 1): keys n0 + 64cw.. of the block.
 template <int D, bool kAmax, bool kDqBulk>
 __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap* tm_dq,
-                                           V2Smem<D>& sm, int cw, int bb, int hk, int n,
+                                           V2Smem<D, kAmax>& sm, int cw, int bb, int hk, int n,
                                            int mb_begin, int mb_end) {
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int n0 = n * kV2Keys;
@@ -352,7 +404,6 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
   const int group = p.h / p.h_kv;
   const int bhk = bb * p.h_kv + hk;
   const float ks = p.k_scale[int64_t(bhk) * ((p.s_k + 127) / 128) + n];
-  const int64_t q_tiles = (p.s_q + 127) / 128;
   const uint64_t desc_k = sm90::make_kmajor_desc(sm.k + cw * 64 * D, D);
   const uint64_t desc_v = sm90::make_kmajor_desc(sm.v + cw * 64 * D, D);
   const uint64_t desc_kt = sm90::make_kmajor_desc(sm.kt + cw * (D / 2) * kV2Keys, kV2Keys);
@@ -396,14 +447,15 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
     const Pow2 dp_unit(-g_dp), to_dk(h_dk), to_dq(h_dq);
 
     for (int mb = mb_begin; mb < mb_end; ++mb, ++it) {
-      const int s = v2_stage(it);
+      constexpr int kStages = V2Smem<D, kAmax>::kStages;
+      const int s = v2_stage<kStages>(it);
       const int q0 = mb * kV2Queries;
-      const float qs = p.q_scale[bh * q_tiles + q0 / 128];
-      const float zc = qs * ks * p.scale_log2;
       const uint64_t desc_q = sm90::make_kmajor_desc(sm.st[s].q, D);
       const uint64_t desc_dov = sm90::make_kmajor_desc(sm.st[s].dov, D);
       float sc[32], dp[32];
-      sm90::mbar_wait(&sm.full[s], v2_parity(it));
+      sm90::mbar_wait(&sm.full[s], v2_parity<kStages>(it));
+      const float qs = sm.q_scale[s];  // the producer's copy: no global load on this path
+      const float zc = qs * ks * p.scale_log2;
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 32; ++kk) {
@@ -640,8 +692,8 @@ __global__ void __launch_bounds__(kV2Threads, 1)
   // Aligned to 1024 (the 128-byte swizzle's period) by pointer arithmetic on the shared array, so
   // that the compiler keeps shared-memory instructions (a detour through an integer made every
   // access generic).
-  auto& sm =
-      *reinterpret_cast<V2Smem<D>*>(smem_raw + ((1024u - sm90::smem_addr(smem_raw)) & 1023u));
+  auto& sm = *reinterpret_cast<V2Smem<D, kAmax>*>(smem_raw +
+                                                  ((1024u - sm90::smem_addr(smem_raw)) & 1023u));
   const int n = int(blockIdx.x % unsigned(p.key_blocks));
   const int bhk = int(blockIdx.x / unsigned(p.key_blocks));  // batch * h_kv + kv head
   const int bb = bhk / p.h_kv, hk = bhk % p.h_kv;
@@ -650,7 +702,7 @@ __global__ void __launch_bounds__(kV2Threads, 1)
   const int mb_end = p.s_q_pad / kV2Queries;
 
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kV2Stages; ++s) {
+    for (int s = 0; s < V2Smem<D, kAmax>::kStages; ++s) {
       sm90::mbar_init(&sm.full[s], kV2FullArrivals);
       sm90::mbar_init(&sm.empty[s], kV2EmptyArrivals);
     }

@@ -13,7 +13,12 @@
 
 namespace fp4attn::bwd {
 
-constexpr int kV2Stages = 2;         // query-block stages (Q, dO_v, dO_t, Q_t, LSE, D)
+// Query-block stages (Q, dO_v, LSE, D, Q factor; dO_t, Q_t in the gradient pass): the gradient
+// pass fits 2 beside its dS and dQ staging tiles; the amax pass loads half as much per step and
+// computes 2 of the 5 GEMMs, so it keeps 4 steps in flight to hide the loads' latency.
+constexpr int v2_stages(bool amax) { return amax ? 4 : 2; }
+// The size of a gradient-pass-only array: a 16-byte placeholder in the amax pass's layout.
+constexpr int v2_grad_only(bool amax, int bytes) { return amax ? 16 : bytes; }
 constexpr int kV2Threads = 384;      // producer warpgroup + two consumer warpgroups
 constexpr int kV2Consumers = 256;    // threads of the two consumer warpgroups
 constexpr int kV2FullArrivals = 32;  // the producer warp: LSE / D rows, then TMA bytes (lane 0)
@@ -37,38 +42,45 @@ FP4ATTN_HD constexpr uint32_t swizzle_offset(uint32_t row, uint32_t col, uint32_
   return off ^ (((off >> 7) & (row_bytes / 16 - 1)) << 4);
 }
 
-template <int D>
+// The gradient pass's layout, and the amax pass's (kAmax: no K^T, dO_t, Q_t or dQ staging, whose
+// arrays shrink to a placeholder; more stages).
+template <int D, bool kAmax>
 struct alignas(1024) V2Smem {
+  static constexpr int kStages = v2_stages(kAmax);
   // Once per CTA: K [key][channel] and V [key][channel] (rows of D bytes), K^T [channel][key]
   // (rows of 128 bytes).
   uint8_t k[kV2Keys * D];
   uint8_t v[kV2Keys * D];
-  uint8_t kt[D * kV2Keys];
-  // dS_k [query][key] (E4M3(2^h dS k_scale)), one per parity of the step: the A operand of dQ.
-  uint8_t ds[2][kV2Queries * kV2Keys];
+  alignas(1024) uint8_t kt[v2_grad_only(kAmax, D* kV2Keys)];
+  // dS_k [query][key] (E4M3(2^h dS k_scale)), one per parity of the step: the A operand of dQ
+  // (the amax pass's D_hp row sums use it as scratch).
+  alignas(1024) uint8_t ds[2][kV2Queries * kV2Keys];
   // Per query block, by TMA: Q and dO_v [query][channel], dO_t and Q_t [channel][query position]
   // (rows of 64 bytes).
-  struct Stage {
+  struct alignas(1024) Stage {
     uint8_t q[kV2Queries * D];
     uint8_t dov[kV2Queries * D];
-    uint8_t dot[D * kV2Queries];
-    uint8_t qt[D * kV2Queries];
-  } st[kV2Stages];
+    alignas(1024) uint8_t dot[v2_grad_only(kAmax, D* kV2Queries)];
+    alignas(1024) uint8_t qt[v2_grad_only(kAmax, D* kV2Queries)];
+  } st[kStages];
   // dQ staging by step parity (dq_bulk): [box of 32 channels][query row][channel], swizzled; the
   // reduce of step it reads buffer it % 2 while step it + 1 writes the other.
-  alignas(1024) uint8_t dq[2][D / kV2DqBoxCols][kV2DqBoxBytes];
-  float lse2[kV2Stages][kV2Queries];  // LSE * log2 e - kPLiftLog2 (+inf past s_q)
-  float dsum[kV2Stages][kV2Queries];  // D (0 past s_q)
-  uint64_t full[kV2Stages];
-  uint64_t empty[kV2Stages];
+  alignas(1024) uint8_t dq[2][D / kV2DqBoxCols][v2_grad_only(kAmax, kV2DqBoxBytes)];
+  float lse2[kStages][kV2Queries];  // LSE * log2 e - kPLiftLog2 (+inf past s_q)
+  float dsum[kStages][kV2Queries];  // D (0 past s_q)
+  float q_scale[kStages];           // the Q operand's factor of the step's 128-query tile
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
 };
 
-template <int D>
+template <int D, bool kAmax>
 constexpr int v2_smem_bytes() {
-  return int(sizeof(V2Smem<D>)) + 1024;  // + slack to align the dynamic base to 1024
+  return int(sizeof(V2Smem<D, kAmax>)) + 1024;  // + slack to align the dynamic base to 1024
 }
-static_assert(v2_smem_bytes<128>() <= 227 * 1024, "v2: over sm_90's 227 KB per CTA");
-static_assert(v2_smem_bytes<64>() <= 227 * 1024, "v2: over sm_90's 227 KB per CTA");
+static_assert(v2_smem_bytes<128, false>() <= 227 * 1024, "v2: over sm_90's 227 KB per CTA");
+static_assert(v2_smem_bytes<64, false>() <= 227 * 1024, "v2: over sm_90's 227 KB per CTA");
+static_assert(v2_smem_bytes<128, true>() <= 227 * 1024, "v2: over sm_90's 227 KB per CTA");
+static_assert(v2_smem_bytes<64, true>() <= 227 * 1024, "v2: over sm_90's 227 KB per CTA");
 
 // The kernel's parameters: v1's, and the TMA maps of the per-query-block tiles (3-D, innermost
 // first): Q (d, s_q, b*h), dO_v (d, s_q_pad, b*h), dO_t and Q_t (s_q_pad, d, b*h); the gradient
