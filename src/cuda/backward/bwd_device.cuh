@@ -13,6 +13,26 @@ __device__ __forceinline__ float load16(const uint16_t* p, bool f16) {
   return f16 ? __half2float(__ushort_as_half(b)) : __bfloat162float(__ushort_as_bfloat16(b));
 }
 
+// Eight consecutive 16-bit values from p: one 16-byte load when p is 16-byte aligned (the usual
+// BSHD strides), eight 2-byte loads otherwise (any strides stay valid).
+__device__ __forceinline__ void load8x16(const uint16_t* p, bool f16, float (&x)[8]) {
+  if ((reinterpret_cast<uintptr_t>(p) & 15u) == 0) {
+    const uint4 w = *reinterpret_cast<const uint4*>(p);
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint16_t lo = uint16_t(words[i]), hi = uint16_t(words[i] >> 16);
+      x[2 * i] =
+          f16 ? __half2float(__ushort_as_half(lo)) : __bfloat162float(__ushort_as_bfloat16(lo));
+      x[2 * i + 1] =
+          f16 ? __half2float(__ushort_as_half(hi)) : __bfloat162float(__ushort_as_bfloat16(hi));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = load16(p + i, f16);
+  }
+}
+
 __device__ __forceinline__ void store_grad(void* base, int64_t off, bool f32, float x) {
   if (f32) {
     static_cast<float*>(base)[off] = x;

@@ -16,12 +16,16 @@ namespace fp4attn::bwd {
 namespace {
 
 constexpr int kThreads = 128;
+// Rows of the transposed tiles padded by 4 bytes: a warp's byte stores (16 or 8 threads of a row,
+// 8 channels each) then spread over 8 banks instead of one.
+constexpr int kTPitch = kBlockQueries + 4;
 
 template <int D>
 __global__ void __launch_bounds__(kThreads) prep_quant_kernel(BwdParams p) {
-  __shared__ __align__(16) uint8_t t_do[D][kBlockQueries];
-  __shared__ __align__(16) uint8_t t_q[D][kBlockQueries];
-  __shared__ float d_part[kBlockQueries][D / 32];  // per-warp partial sums of D, summed in order
+  constexpr int kLanes = D / 8;  // threads per query row, 8 channels each
+  constexpr int kRowsPerPass = kThreads / kLanes;
+  __shared__ __align__(16) uint8_t t_do[D][kTPitch];
+  __shared__ __align__(16) uint8_t t_q[D][kTPitch];
   const int blocks = p.s_q_pad / kBlockQueries;
   const int blk = int(blockIdx.x % blocks);
   const int64_t bh = blockIdx.x / blocks;  // b * h + head
@@ -30,38 +34,46 @@ __global__ void __launch_bounds__(kThreads) prep_quant_kernel(BwdParams p) {
   const float* rec = p.amax + bh * kAmaxSlots;
   const int g_do = pow2_scale_exp(rec[kAmaxDo], kE5m2Top);
   const int g_dp = pow2_scale_exp(rec[kAmaxDoFv], kE5m2Top);
-  const float* fv = p.v_scale + (int64_t(bb) * p.h_kv + hk) * D;
-  // A warp covers 32 consecutive channels of one row (D and kThreads are multiples of 32).
-  for (int idx = threadIdx.x; idx < kBlockQueries * D; idx += kThreads) {
-    const int il = idx / D, c = idx % D;
+  const int c0 = (int(threadIdx.x) % kLanes) * 8;
+  float fv[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) fv[e] = p.v_scale[(int64_t(bb) * p.h_kv + hk) * D + c0 + e];
+  for (int il = int(threadIdx.x) / kLanes; il < kBlockQueries; il += kRowsPerPass) {
     const int64_t i = int64_t(blk) * kBlockQueries + il;
-    uint8_t v1 = 0, v2 = 0, qb = 0;
+    uint8_t v1[8] = {}, v2[8] = {}, qb[8] = {};
     float d_term = 0.f;
     if (i < p.s_q) {
-      const float g = load16(
-          p.dout + bb * p.do_stride[0] + i * p.do_stride[1] + hh * p.do_stride[2] + c, p.do_f16);
-      v1 = float_to_e5m2(mul_pow2(g * fv[c], g_dp));
-      v2 = float_to_e5m2(mul_pow2(g, g_do));
-      qb = p.q[(bh * p.s_q + i) * D + c];
-      const float o =
-          load16(p.o + bb * p.o_stride[0] + i * p.o_stride[1] + hh * p.o_stride[2] + c, p.o_f16);
-      if (fv[c] != 0.f) d_term = e5m2_to_float(v1) * o / fv[c];  // fv = 0: V's channel is 0
+      float g[8], o[8];
+      load8x16(p.dout + bb * p.do_stride[0] + i * p.do_stride[1] + hh * p.do_stride[2] + c0,
+               p.do_f16, g);
+      load8x16(p.o + bb * p.o_stride[0] + i * p.o_stride[1] + hh * p.o_stride[2] + c0, p.o_f16, o);
+      const uint2 qw = *reinterpret_cast<const uint2*>(p.q + (bh * p.s_q + i) * D + c0);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        v1[e] = float_to_e5m2(mul_pow2(g[e] * fv[e], g_dp));
+        v2[e] = float_to_e5m2(mul_pow2(g[e], g_do));
+        qb[e] = uint8_t((e < 4 ? qw.x : qw.y) >> (8 * (e % 4)));
+        // D's dO is the one dP sees: do_v's E5M2 value with v_scale undone (fv = 0: V's channel
+        // is 0 and adds nothing).
+        if (fv[e] != 0.f) d_term += e5m2_to_float(v1[e]) * o[e] / fv[e];
+      }
     }
-    d_term = warp_sum(d_term);
-    if (threadIdx.x % 32 == 0) d_part[il][c / 32] = d_term;
-    p.do_v[(bh * p.s_q_pad + i) * D + c] = v1;
+    // The row's D: the kLanes partial sums of 8 channels, by a butterfly in a fixed order.
+#pragma unroll
+    for (int m = 1; m < kLanes; m <<= 1) d_term += __shfl_xor_sync(0xffffffffu, d_term, m);
+    if (c0 == 0 && i < p.s_q) p.dsum[bh * p.s_q + i] = mul_pow2(d_term, -g_dp);
+    uint2 w1;
+    w1.x = uint32_t(v1[0]) | uint32_t(v1[1]) << 8 | uint32_t(v1[2]) << 16 | uint32_t(v1[3]) << 24;
+    w1.y = uint32_t(v1[4]) | uint32_t(v1[5]) << 8 | uint32_t(v1[6]) << 16 | uint32_t(v1[7]) << 24;
+    *reinterpret_cast<uint2*>(p.do_v + (bh * p.s_q_pad + i) * D + c0) = w1;
     const int pos = int(transposed_position_of_query(il));
-    t_do[c][pos] = v2;
-    t_q[c][pos] = qb;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      t_do[c0 + e][pos] = v2[e];
+      t_q[c0 + e][pos] = qb[e];
+    }
   }
   __syncthreads();
-  if (threadIdx.x < kBlockQueries) {
-    const int64_t i = int64_t(blk) * kBlockQueries + threadIdx.x;
-    float sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < D / 32; ++w) sum += d_part[threadIdx.x][w];
-    if (i < p.s_q) p.dsum[bh * p.s_q + i] = mul_pow2(sum, -g_dp);
-  }
   constexpr int kWords = kBlockQueries / 4;
   for (int idx = threadIdx.x; idx < D * kWords; idx += kThreads) {
     const int c = idx / kWords, w = idx % kWords;
