@@ -4,8 +4,9 @@
 // cvt.rn.satfinite.e4m3x2.f32 on the device), the E2M1 term and magnitude, the division by 6
 // of 16-bit amaxes, the PRMT sign gather and the 8-value encoder. Also requires that the raw
 // hardware cvt equal float_to_e4m3 on every finite float, both lanes, and that
-// e4m3_codes_nearest2 put its two distinct inputs in the right lanes. The host side of the
-// same helpers is checked by the same comparisons in hand-run sweeps; here it is the device
+// e4m3_codes_nearest2 put its two distinct inputs in the right lanes, and the same of the E5M2
+// hardware cvt against float_to_e5m2 (with the FP16 decode of every E5M2 code). The host side of
+// the same helpers is checked by the same comparisons in hand-run sweeps; here it is the device
 // arithmetic (__fsub_rn, __float2uint_ru, prmt) that is verified. Skips when no GPU is present.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -24,7 +25,7 @@ namespace {
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
-constexpr int kChecks = 8;
+constexpr int kChecks = 9;
 
 // bad[k]: mismatch count of check k; first[k]: the first failing input bits (atomicMin).
 __global__ void sweep_kernel(uint64_t begin, uint64_t end, unsigned long long* bad,
@@ -41,8 +42,8 @@ __global__ void sweep_kernel(uint64_t begin, uint64_t end, unsigned long long* b
         fail[1] = packed::e4m3_code_round_up(x) != detail::e4m3_round_up(x);
         fail[2] = packed::e4m3_code_restricted(x) != detail::e4m3_restricted_up(x);
       }
-      const __nv_fp8x2_storage_t hw = __nv_cvt_float2_to_fp8x2(make_float2(x, x), __NV_SATFINITE,
-                                                               __NV_E4M3);
+      const __nv_fp8x2_storage_t hw =
+          __nv_cvt_float2_to_fp8x2(make_float2(x, x), __NV_SATFINITE, __NV_E4M3);
       fail[3] = (hw & 0xFFu) != float_to_e4m3(x) || (hw >> 8) != float_to_e4m3(x);
       if ((b >> 31) == 0) {
         // e4m3_codes_nearest2 (Four-Over-Six's c6 / c4) with distinct lanes: lo = x in bits
@@ -51,6 +52,16 @@ __global__ void sweep_kernel(uint64_t begin, uint64_t end, unsigned long long* b
         const uint32_t c2 = packed::e4m3_codes_nearest2(x, y);
         fail[3] = fail[3] || c2 != (float_to_e4m3(x) | (uint32_t{float_to_e4m3(y)} << 8));
       }
+    }
+    if (a < 0x7F800000u) {  // finite: the backward's dO encoder (prep_quant.cu e5m2x2)
+      const __nv_fp8x2_storage_t hw =
+          __nv_cvt_float2_to_fp8x2(make_float2(x, -x), __NV_SATFINITE, __NV_E5M2);
+      fail[8] = (hw & 0xFFu) != float_to_e5m2(x) || (hw >> 8) != float_to_e5m2(-x);
+    }
+    if (b < 256u) {  // every E5M2 code: its value is the FP16 with the code as high byte
+      const float hv = __half2float(__ushort_as_half(static_cast<unsigned short>(b << 8)));
+      const float want = e5m2_to_float(static_cast<uint8_t>(b));
+      fail[8] = fail[8] || (want == want ? __float_as_uint(hv) != __float_as_uint(want) : hv == hv);
     }
     if (a <= 0x7F800000u) {  // not NaN
       float r;
@@ -119,19 +130,24 @@ TEST(PackedFastHelpersGpu, EveryFloatAgainstReferenceCodecs) {
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<unsigned long long> h_bad(kChecks);
   std::vector<unsigned int> h_first(kChecks);
-  CUDA_OK(cudaMemcpy(h_bad.data(), bad, kChecks * sizeof(unsigned long long),
-                     cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(h_first.data(), first, kChecks * sizeof(unsigned int),
-                     cudaMemcpyDeviceToHost));
+  CUDA_OK(
+      cudaMemcpy(h_bad.data(), bad, kChecks * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  CUDA_OK(
+      cudaMemcpy(h_first.data(), first, kChecks * sizeof(unsigned int), cudaMemcpyDeviceToHost));
   cudaFree(bad);
   cudaFree(first);
-  const char* names[kChecks] = {"e4m3_code_nearest",    "e4m3_code_round_up",
-                                "e4m3_code_restricted", "hw cvt e4m3x2 / e4m3_codes_nearest2",
-                                "e2m1_mag_term",        "div6_16bit",
-                                "sign_nibbles8",        "e2m1_encode8"};
+  const char* names[kChecks] = {"e4m3_code_nearest",
+                                "e4m3_code_round_up",
+                                "e4m3_code_restricted",
+                                "hw cvt e4m3x2 / e4m3_codes_nearest2",
+                                "e2m1_mag_term",
+                                "div6_16bit",
+                                "sign_nibbles8",
+                                "e2m1_encode8",
+                                "hw cvt e5m2x2 / E5M2 decode as FP16"};
   for (int k = 0; k < kChecks; ++k) {
     // k == 3 is required since the kernels use the hardware encoder (e4m3_code_nearest,
-    // e4m3_codes_nearest2).
+    // e4m3_codes_nearest2); k == 8 since the backward's prep_quant encodes dO with it.
     EXPECT_EQ(h_bad[k], 0u) << names[k] << ": first failing input bits 0x" << std::hex
                             << h_first[k];
   }
