@@ -404,3 +404,21 @@ def test_smooth_k_lse_helper_matches_the_golden_term():
     assert torch.equal(finite, torch.isfinite(got))
     ulp = lse[finite].abs().clamp(min=1) * 2**-23
     assert bool(((got - lse)[finite].abs() <= 2 * ulp).all())
+
+
+def test_attn_quantized_backward_under_torch_compile():
+    q, k, v, _ = inputs(**ODD)
+    grads = []
+    for compiled in (False, True):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+
+        def block(q, k, v):
+            ops = fp4attn.quantize_qkv(q * 1.0, k, v, recipe="nvfp4", k_tensor_scale=2.0)
+            return fp4attn.attn_quantized(ops, causal=True).square().sum()
+
+        fn = torch.compile(block, backend="aot_eager", fullgraph=True) if compiled else block
+        fn(*leaves).backward()
+        grads.append([t.grad for t in leaves])
+    for eager, compiled in zip(*grads):
+        assert bool(eager.abs().sum() > 0)
+        torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
