@@ -183,7 +183,8 @@ def smooth_k_lse(lse: Tensor, q: Tensor, mean: Tensor, softmax_scale: float) -> 
     scale = softmax_scale if softmax_scale > 0 else 1.0 / math.sqrt(d)
     group = q.shape[2] // mean.shape[1] if mean.shape[1] > 0 else 1
     m = mean.double().repeat_interleave(group, dim=1)  # [b, h, d]
-    qm = torch.einsum("bshd,bhd->bhs", q.detach().float().double(), m)
+    # A product and a sum, not a GEMM: no cuBLAS, so deterministic mode needs no workspace config.
+    qm = (q.detach().float().double() * m[:, None]).sum(-1).transpose(1, 2)  # [b, h, s_q]
     return (lse.double() + scale * qm).float()
 
 

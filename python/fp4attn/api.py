@@ -298,8 +298,9 @@ def attn_quantized(
         q, k, v = sources
         # The gradient goes to the sources; the codes (whose quantize_operand node has no
         # backward) are constants of the op.
+        codes = [t.detach() for t in operands]
         o, lse = _ops.attn_quantized_fwd(
-            q, k, v, *(t.detach() for t in operands), qkv.recipe, scale, causal, qkv.out_dtype, d_source,
+            q, k, v, *codes, qkv.recipe, scale, causal, qkv.out_dtype, d_source,
             *(float(s) for s in qkv.tensor_scales), False,
         )  # fmt: skip
     else:
