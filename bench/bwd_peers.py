@@ -12,10 +12,15 @@ Grid: d = 128, causal, s in {4k, 8k, 16k} (--seqlens), 16k tokens in total (b = 
   tensors under sdpa_kernel(backend), then o.backward(dO).
 * bwd: a new forward before each sample, outside the events; torch.autograd.backward(o, dO) alone
   between them. The peer: the same with SDPA.
-* fwd+bwd-noquant is not measured: attn_quantized (the quantize-once entry) has no autograd (its
-  inputs are codes; fp4attn._ops registers a backward that raises), and the GPU backward
-  quantizes Q/K/V/dO itself from BF16. The header's `skipped` says so. Instead each fwd+bwd
-  record carries quant_qkv_ms, quantize_qkv timed alone (the forward's share of quantization).
+* fwd+bwd-noquant: qkv = fp4attn.quantize_qkv(q, k, v, recipe=R) on the leaves (which require
+  grad, so qkv keeps them as its sources) outside the events, grads set to None there too; then
+  o = fp4attn.attn_quantized(qkv, causal=True) and o.backward(dO) between them. The backward runs
+  on the saved operands (no requantization of Q/K/V); the quantization of dO inside the backward
+  stays included. Its speedup is against the peer's fwd+bwd. Each fwd+bwd record also carries
+  quant_qkv_ms, quantize_qkv timed alone (the forward's share of quantization).
+* --smooth-k: attn_func(..., smooth_k=True) for fwd+bwd, bwd and the accuracy (K smoothing,
+  docs/python.md); fwd+bwd-noquant is then skipped (attn_quantized has no smooth_k), and the
+  header's `skipped` says so.
 
 FLOPs: forward 4 b h s_q s_k d, halved for causal; fwd+bwd = 3.5x, bwd = 2.5x. Timing as
 bench/fwd_peers.py's (warm-up, a 3-call estimate, at least --min-reps calls and --min-time-ms in
@@ -26,7 +31,7 @@ peer against float64 math attention with autograd, on the device, at b=1, h=4, s
 causal, q/k/v/dO N(0, 1) rounded to BF16 (issue 8: cos >= 0.99 for nvfp4).
 
     python3 bench/bwd_peers.py OUT.json [--recipes nvfp4,fp8] [--seqlens 4096,8192,16384]
-        [--quick] [--revision SHA] [--min-reps N] [--min-time-ms T]
+        [--quick] [--revision SHA] [--min-reps N] [--min-time-ms T] [--smooth-k]
 
 --device cpu runs the same code on fp4attn's CPU golden model against SDPA's math backend
 (peer "sdpa-math-bf16"): timings meaningless, the JSON complete (CI's smoke test, e.g.
@@ -54,16 +59,13 @@ import fp4attn
 HEAD_DIM = 128
 TARGET_SPEEDUP = 1.3  # issue 8: fwd+bwd (quantization included) >= 1.3x SDPA cuDNN BF16
 TARGET_COS = 0.99  # issue 8: gradient cosine against float64, nvfp4
-KINDS = ("fwd+bwd", "bwd")
-SKIPPED = [
-    {
-        "kind": "fwd+bwd-noquant",
-        "reason": "fp4attn.attn_quantized (operands quantized once, outside the timing) has no "
-        "autograd: its inputs are quantized codes and fp4attn._ops registers a backward that raises; "
-        "the GPU backward quantizes Q/K/V/dO itself from BF16. fwd+bwd records carry quant_qkv_ms "
-        "(quantize_qkv alone) instead.",
-    }
-]
+KINDS = ("fwd+bwd", "fwd+bwd-noquant", "bwd")
+PEER_KIND = {"fwd+bwd": "fwd+bwd", "fwd+bwd-noquant": "fwd+bwd", "bwd": "bwd"}  # compared with
+SKIPPED_SMOOTH_K = {
+    "kind": "fwd+bwd-noquant",
+    "reason": "--smooth-k: fp4attn.attn_quantized (operands quantized once, outside the timing) "
+    "has no smooth_k; fwd+bwd records carry quant_qkv_ms (quantize_qkv alone) instead.",
+}
 CPU_PEERS = {"sdpa-math-bf16": SDPBackend.MATH}
 
 
@@ -122,8 +124,9 @@ def error_text(e):
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
 
 
-def measure(device, leaves, do, attention, args):
-    """{kind: stats dict or {"error": ...}} for fwd+bwd and bwd of attention(*leaves)."""
+def measure(device, leaves, do, attention, args, noquant=None):
+    """{kind: stats dict or {"error": ...}} for fwd+bwd and bwd of attention(*leaves), and with
+    noquant (recipe) fwd+bwd-noquant: quantize_qkv(*leaves) untimed, attn_quantized timed."""
 
     def clear():
         for t in leaves:
@@ -136,11 +139,19 @@ def measure(device, leaves, do, attention, args):
         clear()
         return attention(*leaves)
 
+    def quantize():
+        clear()
+        return fp4attn.quantize_qkv(*leaves, recipe=noquant)
+
+    def noquant_fwd_bwd(qkv):
+        fp4attn.attn_quantized(qkv, causal=True, d_source=args.d_source).backward(do)
+
+    runs = [("fwd+bwd", fwd_bwd, clear)]
+    if noquant is not None:
+        runs.append(("fwd+bwd-noquant", noquant_fwd_bwd, quantize))
+    runs.append(("bwd", lambda o: torch.autograd.backward(o, do), forward))
     out = {}
-    for kind, fn, setup in (
-        ("fwd+bwd", fwd_bwd, clear),
-        ("bwd", lambda o: torch.autograd.backward(o, do), forward),
-    ):
+    for kind, fn, setup in runs:
         try:
             med, lo, hi, n = timed(device, fn, args, setup=setup)
             out[kind] = {
@@ -204,9 +215,13 @@ def run_point(device, s, recipes, peer_backends, args):
     for recipe in recipes:
 
         def ours(q, k, v, recipe=recipe):
-            return fp4attn.attn_func(q, k, v, causal=True, recipe=recipe, d_source=args.d_source)
+            return fp4attn.attn_func(
+                q, k, v, causal=True, recipe=recipe, d_source=args.d_source,
+                smooth_k=args.smooth_k,
+            )  # fmt: skip
 
-        results = measure(device, ours_in, do, ours, args)
+        noquant = None if args.smooth_k else recipe
+        results = measure(device, ours_in, do, ours, args, noquant=noquant)
         quant = None
         try:
             qkv = [t.detach() for t in ours_in]
@@ -216,6 +231,8 @@ def run_point(device, s, recipes, peer_backends, args):
         except (RuntimeError, NotImplementedError, ValueError):
             pass
         for kind in KINDS:
+            if kind not in results:  # skipped (--smooth-k)
+                continue
             m = results[kind]
             base = {
                 "case": case_name(kind, d, s, True),
@@ -230,7 +247,7 @@ def run_point(device, s, recipes, peer_backends, args):
             if kind == "fwd+bwd":
                 base["quant_qkv_ms"] = quant
             for p in peer_recs:
-                if p["kind"] != kind:
+                if p["kind"] != PEER_KIND[kind]:
                     continue
                 rec = dict(
                     base, peer=p["peer"], peer_ms=p.get("median_ms"), peer_tflops=p.get("tflops")
@@ -249,7 +266,9 @@ def run_point(device, s, recipes, peer_backends, args):
     return peer_recs, records
 
 
-def gradient_accuracy(device, recipes, peer_backends, s, seed=0, d_source="forward-o"):
+def gradient_accuracy(
+    device, recipes, peer_backends, s, seed=0, d_source="forward-o", smooth_k=False
+):
     """dq, dk, dv and o of each recipe and peer against float64 math attention (autograd) on
     `device`, b=1, h=4, s, d=128, causal, q/k/v/dO N(0, 1) rounded to BF16."""
     b, h, d = 1, 4, HEAD_DIM
@@ -295,7 +314,7 @@ def gradient_accuracy(device, recipes, peer_backends, s, seed=0, d_source="forwa
         rec = record(
             dict(head, recipe=recipe),
             lambda q, k, v, r=recipe: fp4attn.attn_func(
-                q, k, v, causal=True, recipe=r, d_source=d_source
+                q, k, v, causal=True, recipe=r, d_source=d_source, smooth_k=smooth_k
             ),
             bhsd=False,
         )
@@ -313,13 +332,13 @@ def gradient_accuracy(device, recipes, peer_backends, s, seed=0, d_source="forwa
     return out
 
 
-def summarize(records, recipes, accuracy, main_peer):
+def summarize(records, recipes, accuracy, main_peer, kinds=KINDS):
     """Per recipe and kind, against main_peer: points, errors, min and geomean speedup (and for
     fwd+bwd the points meeting the target); the recipe's smallest gradient cosine."""
     out = {}
     for recipe in recipes:
         entry = {}
-        for kind in KINDS:
+        for kind in kinds:
             rs = [
                 r
                 for r in records
@@ -344,13 +363,13 @@ def summarize(records, recipes, accuracy, main_peer):
 
 def print_row(r):
     if "error" in r:
-        print(f"{r['case']:<30} {r['recipe']:<9} {r['peer']:<16} error: {r['error']}", flush=True)
+        print(f"{r['case']:<33} {r['recipe']:<9} {r['peer']:<16} error: {r['error']}", flush=True)
         return
     tail = ""
     if "speedup" in r:
         tail = f" {r['peer_ms'] or 0:9.3f} {r['speedup'] or 0:7.3f}"
     print(
-        f"{r['case']:<30} {r['recipe']:<9} {r['peer']:<16} {r['median_ms']:9.3f} "
+        f"{r['case']:<33} {r['recipe']:<9} {r['peer']:<16} {r['median_ms']:9.3f} "
         f"{r['tflops']:8.1f}{tail}",
         flush=True,
     )
@@ -379,6 +398,11 @@ def parse_args(argv):
         default="forward-o",
         choices=("forward-o", "high-precision-o"),
         help="the backward's D (docs/numerics.md §8); high-precision-o is the one to train with",
+    )
+    ap.add_argument(
+        "--smooth-k",
+        action="store_true",
+        help="attn_func(..., smooth_k=True) (K smoothing); skips fwd+bwd-noquant",
     )
     ap.add_argument(
         "--device",
@@ -423,6 +447,7 @@ def main(argv=None):
             "min_time_ms": args.min_time_ms,
             "recipes": ",".join(args.recipes),
             "d_source": args.d_source,
+            "smooth_k": args.smooth_k,
             "seqlens": args.seqlens,
             "tokens": args.tokens,
             "hidden": peers.HIDDEN,
@@ -431,8 +456,9 @@ def main(argv=None):
             "inputs": "q, k, v, dO torch.randn -> BF16, seeded per point; fp4attn BSHD, SDPA BHSD "
             "(the same values), both contiguous",
             "timing": "fwd+bwd: grads set to None outside the events, forward + o.backward(dO) "
-            "between them; bwd: a new forward outside the events, backward alone "
-            "between them; median of the samples",
+            "between them; fwd+bwd-noquant: quantize_qkv outside the events, attn_quantized + "
+            "o.backward(dO) (dO's quantization included) between them; bwd: a new forward "
+            "outside the events, backward alone between them; median of the samples",
         },
     )
     doc.pop("part")
@@ -448,7 +474,7 @@ def main(argv=None):
             "peer": main_peer,
             "target": f"fwd+bwd (quantization included) >= {TARGET_SPEEDUP}x {main_peer}; "
             f"nvfp4 gradient cos >= {TARGET_COS}",
-            "skipped": SKIPPED,
+            "skipped": [SKIPPED_SMOOTH_K] if args.smooth_k else [],
             "complete": False,
             "sm_clock_mhz": None,
             "summary": {},
@@ -458,13 +484,14 @@ def main(argv=None):
         }
     )
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    kinds = tuple(k for k in KINDS if not (args.smooth_k and k == "fwd+bwd-noquant"))
     print(
         f"bwd on {name} (FP4ATTN_BWD_KERNEL={doc['bwd_kernel']}, revision {doc['revision']}); "
-        f"skipped: fwd+bwd-noquant (attn_quantized has no autograd)",
+        f"kinds: {', '.join(kinds)}" + (", smooth_k" if args.smooth_k else ""),
         flush=True,
     )
     print(
-        f"{'case':<30} {'recipe':<9} {'peer':<16} {'ms':>9} {'TFLOP/s':>8} {'peer_ms':>9} "
+        f"{'case':<33} {'recipe':<9} {'peer':<16} {'ms':>9} {'TFLOP/s':>8} {'peer_ms':>9} "
         f"{'speedup':>7}",
         flush=True,
     )
@@ -472,7 +499,7 @@ def main(argv=None):
     def finish(complete):
         clocks = [r["sm_mhz"] for r in doc["records"] + doc["peers"] if r.get("sm_mhz")]
         doc["sm_clock_mhz"] = statistics.median(clocks) if clocks else None
-        doc["summary"] = summarize(doc["records"], args.recipes, doc["accuracy"], main_peer)
+        doc["summary"] = summarize(doc["records"], args.recipes, doc["accuracy"], main_peer, kinds)
         doc["complete"] = complete
         peers.write_part(doc, args.out)
 
@@ -485,15 +512,20 @@ def main(argv=None):
         finish(False)  # a stopped run keeps what it measured
     if not args.no_accuracy:
         doc["accuracy"] = gradient_accuracy(
-            device, args.recipes, peer_backends, args.acc_seqlen, d_source=args.d_source
+            device,
+            args.recipes,
+            peer_backends,
+            args.acc_seqlen,
+            d_source=args.d_source,
+            smooth_k=args.smooth_k,
         )
         for a in doc["accuracy"]:
             who = a.get("peer", a["recipe"])
             if "error" in a:
-                print(f"{a['case']:<30} {who:<16} error: {a['error']}", flush=True)
+                print(f"{a['case']:<33} {who:<16} error: {a['error']}", flush=True)
             else:
                 print(
-                    f"{a['case']:<30} {who:<16} "
+                    f"{a['case']:<33} {who:<16} "
                     + "  ".join(
                         f"{n} cos {a[n]['cos']:.5f} rel_l2 {a[n]['rel_l2']:.4f}"
                         for n in ("dq", "dk", "dv")
@@ -503,10 +535,12 @@ def main(argv=None):
     finish(True)
     for recipe, e in doc["summary"].items():
         fb = e["fwd+bwd"]
+        nq = e.get("fwd+bwd-noquant")
+        noquant = f"; fwd+bwd-noquant geomean {nq['geomean_speedup'] or 0:.3f}x" if nq else ""
         print(
             f"{recipe}: fwd+bwd vs {main_peer}: min {fb['min_speedup'] or 0:.3f}x, geomean "
             f"{fb['geomean_speedup'] or 0:.3f}x, {fb['meets_target']}/{fb['points']} points "
-            f">= {TARGET_SPEEDUP}x; bwd geomean {e['bwd']['geomean_speedup'] or 0:.3f}x; "
+            f">= {TARGET_SPEEDUP}x{noquant}; bwd geomean {e['bwd']['geomean_speedup'] or 0:.3f}x; "
             f"gradient min cos {e['grad_min_cos']}",
             flush=True,
         )

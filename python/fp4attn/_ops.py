@@ -8,6 +8,8 @@ can be captured in a CUDA graph).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -50,13 +52,20 @@ def attn_fwd(
     softmax_scale: float,
     causal: bool,
     d_source: str = "forward-o",
+    smooth_k: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Forward attention, BSHD. softmax_scale 0 means 1/sqrt(head_dim). Returns (o, lse).
 
     d_source is for the backward only (which O enters D = rowsum(dO * O), numerics.md §8); it is
-    an argument so that autograd sees it."""
+    an argument so that autograd sees it. smooth_k (K smoothing, numerics.md §3) runs here on CPU
+    tensors only: on CUDA, api.attn_func builds it from the operand ops (attn_quantized_fwd)."""
     o, lse = _outputs(q.shape, q.dtype, q.device)
     if q.device.type == "cuda":
+        if smooth_k:
+            raise UnsupportedError(
+                "smooth_k: fp4attn::attn_fwd smooths K on CPU tensors only; on CUDA call "
+                "fp4attn.attn_func(..., smooth_k=True), which runs it on the kernel operands"
+            )
         require_cuda_build("q", attention=True)
         with torch.cuda.device(q.device):
             run_cuda(
@@ -72,12 +81,12 @@ def attn_fwd(
                 cuda_stream(q.device),
             )
     else:
-        _C.golden_forward(q, k, v, o, lse, recipe, softmax_scale, causal)
+        _C.golden_forward(q, k, v, o, lse, recipe, softmax_scale, causal, smooth_k)
     return o, lse
 
 
 @attn_fwd.register_fake
-def _(q, k, v, recipe, softmax_scale, causal, d_source="forward-o"):
+def _(q, k, v, recipe, softmax_scale, causal, d_source="forward-o", smooth_k=False):
     return _outputs(q.shape, q.dtype, q.device)
 
 
@@ -119,6 +128,64 @@ def _(x, recipe, role, tensor_scale):
         x.new_empty(data_shape, dtype=operand_dtype(recipe)),
         x.new_empty(scale_shape, dtype=torch.float32),
     )
+
+
+@torch.library.custom_op("fp4attn::quantize_k_smoothed", mutates_args=())
+def quantize_k_smoothed(
+    x: Tensor, recipe: str, tensor_scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The K operand (data, scale) of a BSHD k smoothed first (k - mean over the sequence per
+    (batch, kv head, channel), numerics.md §3), and that mean, float32 [b, h_kv, d] (BF16 values:
+    the golden model rounds it so)."""
+    data_shape, scale_shape = operand_shapes(x.shape, "k")
+    data = torch.empty(data_shape, dtype=operand_dtype(recipe), device=x.device)
+    scale = torch.empty(scale_shape, dtype=torch.float32, device=x.device)
+    b, _, h, d = x.shape
+    mean = torch.empty((b, h, d), dtype=torch.float32, device=x.device)
+    if x.device.type == "cuda":
+        require_cuda_build("k", attention=False)
+        with torch.cuda.device(x.device):
+            run_cuda(
+                _C.quantize_operand_cuda,
+                x,
+                recipe,
+                "k",
+                tensor_scale,
+                True,
+                as_codes(data),
+                scale,
+                mean,
+                cuda_stream(x.device),
+            )
+    else:
+        _C.quantize_operand_host(x, recipe, "k", tensor_scale, True, as_codes(data), scale, mean)
+    return data, scale, mean
+
+
+@quantize_k_smoothed.register_fake
+def _(x, recipe, tensor_scale):
+    data_shape, scale_shape = operand_shapes(x.shape, "k")
+    b, _, h, d = x.shape
+    return (
+        x.new_empty(data_shape, dtype=operand_dtype(recipe)),
+        x.new_empty(scale_shape, dtype=torch.float32),
+        x.new_empty((b, h, d), dtype=torch.float32),
+    )
+
+
+def smooth_k_lse(lse: Tensor, q: Tensor, mean: Tensor, softmax_scale: float) -> Tensor:
+    """The LSE of attention on unsmoothed K from the LSE over smoothed K (softmax ignores the
+    per-row constant q . mean, the LSE does not): lse + scale * q . mean per row, in float64 and
+    rounded once to float32, as the golden model adds it (q read as the forward reads it: its
+    FP32 values). lse [b, h, s_q] float32, q BSHD, mean [b, h_kv, d]. Rows without keys stay
+    +inf. Not differentiated through q (the LSE output is not differentiable)."""
+    d = q.shape[3]
+    scale = softmax_scale if softmax_scale > 0 else 1.0 / math.sqrt(d)
+    group = q.shape[2] // mean.shape[1] if mean.shape[1] > 0 else 1
+    m = mean.double().repeat_interleave(group, dim=1)  # [b, h, d]
+    # A product and a sum, not a GEMM: no cuBLAS, so deterministic mode needs no workspace config.
+    qm = (q.detach().float().double() * m[:, None]).sum(-1).transpose(1, 2)  # [b, h, s_q]
+    return (lse.double() + scale * qm).float()
 
 
 def _v_positions(s: int, device) -> Tensor:
@@ -184,6 +251,14 @@ def attn_operands_fwd(
     out_dtype: torch.dtype,
 ) -> tuple[Tensor, Tensor]:
     """Forward attention over kernel operands (operands.h layouts). Returns BSHD (o, lse)."""
+    return _operands_forward(
+        q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, softmax_scale, causal, out_dtype
+    )
+
+
+def _operands_forward(
+    q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, softmax_scale, causal, out_dtype
+):
     b, h, s_q, d = q_data.shape
     o, lse = _outputs((b, s_q, h, d), out_dtype, q_data.device)
     args = (
@@ -228,7 +303,14 @@ def quantize_packed_into(x: Tensor, fmt: str, rule: str, packed, scales, s_enc_o
         with torch.cuda.device(x.device):
             run_cuda(
                 _C.quantize_packed_cuda,
-                x, fmt, rule, 0.0, packed, scales, s_enc_out, cuda_stream(x.device),
+                x,
+                fmt,
+                rule,
+                0.0,
+                packed,
+                scales,
+                s_enc_out,
+                cuda_stream(x.device),
             )
     else:
         _C.quantize_packed_host(x, fmt, rule, 0.0, packed, scales, s_enc_out)
@@ -243,8 +325,9 @@ def repack_operand(
     s_enc). Combinations that would requantize raise UnsupportedError."""
     b, s, h, half = packed.shape
     data = torch.empty((b, h, s, 2 * half), dtype=E4M3, device=packed.device)
-    scale = torch.empty((b, h, (s + SCALE_TILE - 1) // SCALE_TILE), dtype=torch.float32,
-                        device=packed.device)
+    scale = torch.empty(
+        (b, h, (s + SCALE_TILE - 1) // SCALE_TILE), dtype=torch.float32, device=packed.device
+    )
     args = (packed, scales, fmt, s_enc, recipe, role, as_codes(data), scale)
     if packed.device.type == "cuda":
         require_cuda_build("packed", attention=False)
@@ -261,15 +344,31 @@ def repack_operand(
 GPU_BACKWARD_RECIPES = ("fp8", "nvfp4", "nvfp4-hx", "mxfp4")
 
 
-def _attn_bwd_cuda(dout, q, k, v, o, lse, recipe, softmax_scale, causal, d_source):
-    require_cuda_build("q", attention=True)
+def _require_gpu_backward(recipe: str, what: str) -> None:
+    require_cuda_build(what, attention=True)
     if recipe not in GPU_BACKWARD_RECIPES:
         raise UnsupportedError(
             f"recipe: '{recipe}' has no GPU backward yet (it has: "
             f"{', '.join(GPU_BACKWARD_RECIPES)}); run attn_func on CPU tensors for its gradients"
         )
+
+
+def _grad_dtype(dtype: torch.dtype) -> torch.dtype:
     # BF16 gradients come straight from the kernel (RNE of its FP32 sums); FP16 ones via FP32.
-    gdt = torch.bfloat16 if q.dtype == torch.bfloat16 else torch.float32
+    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+
+
+def _refuse_lse_gradient(dlse: Tensor | None) -> None:
+    if dlse is not None and bool(dlse.ne(0).any()):
+        raise UnsupportedError(
+            "lse: fp4attn's backward differentiates o only; a loss that depends on the returned "
+            "lse (nonzero gradient reaching it) is not supported"
+        )
+
+
+def _attn_bwd_cuda(dout, q, k, v, o, lse, recipe, softmax_scale, causal, d_source):
+    _require_gpu_backward(recipe, "q")
+    gdt = _grad_dtype(q.dtype)
     dq = torch.empty(q.shape, dtype=gdt, device=q.device)
     dk = torch.empty(k.shape, dtype=gdt, device=k.device)
     dv = torch.empty(v.shape, dtype=gdt, device=v.device)
@@ -295,6 +394,34 @@ def _attn_bwd_cuda(dout, q, k, v, o, lse, recipe, softmax_scale, causal, d_sourc
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
+def _golden_bwd(dout, q, k, v, o, lse, recipe, softmax_scale, causal, d_source, scales, smooth_k):
+    """The golden model's backward on CPU q, k, v: float32 gradients (float64 for float64 inputs),
+    returned in q's dtype."""
+    if q.device.type != "cpu":
+        raise UnsupportedError(f"q: on {q.device}: fp4attn's backward runs on CUDA or CPU tensors")
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dq = torch.empty(q.shape, dtype=acc)
+    dk = torch.empty(k.shape, dtype=acc)
+    dv = torch.empty(v.shape, dtype=acc)
+    _C.golden_backward(
+        q,
+        k,
+        v,
+        o,
+        dout,
+        lse,
+        dq,
+        dk,
+        dv,
+        recipe,
+        softmax_scale,
+        causal,
+        d_source,
+        *scales,
+        smooth_k,
+    )
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
 
 @torch.library.custom_op("fp4attn::attn_bwd", mutates_args=())
 def attn_bwd(
@@ -309,41 +436,35 @@ def attn_bwd(
     softmax_scale: float,
     causal: bool,
     d_source: str,
+    smooth_k: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients (dq, dk, dv) of attn_fwd, in q's dtype, from what the forward saved (o, lse).
 
     dlse, the gradient reaching the LSE output, must be None or all zero: the LSE is not
     differentiated (a nonzero one raises UnsupportedError rather than being dropped). CUDA
     tensors: the GPU backward (exp2 recipes; 'high-precision-o' needs its v2 kernel, the default;
-    deterministic when torch.use_deterministic_algorithms is on); CPU tensors: the golden model."""
-    if dlse is not None and bool(dlse.ne(0).any()):
-        raise UnsupportedError(
-            "lse: fp4attn's backward differentiates o only; a loss that depends on the returned "
-            "lse (nonzero gradient reaching it) is not supported"
-        )
+    deterministic when torch.use_deterministic_algorithms is on); CPU tensors: the golden model
+    (smooth_k as the forward had it)."""
+    _refuse_lse_gradient(dlse)
     if q.device.type == "cuda":
+        if smooth_k:
+            raise UnsupportedError("smooth_k: fp4attn::attn_bwd smooths K on CPU tensors only")
         return _attn_bwd_cuda(dout, q, k, v, o, lse, recipe, softmax_scale, causal, d_source)
-    if q.device.type != "cpu":
-        raise UnsupportedError(f"q: on {q.device}: fp4attn's backward runs on CUDA or CPU tensors")
-    # The golden model writes float32 (float64 for float64 inputs) and we cast to q's dtype.
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    dq = torch.empty(q.shape, dtype=acc)
-    dk = torch.empty(k.shape, dtype=acc)
-    dv = torch.empty(v.shape, dtype=acc)
-    _C.golden_backward(q, k, v, o, dout, lse, dq, dk, dv, recipe, softmax_scale, causal, d_source)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    return _golden_bwd(
+        dout, q, k, v, o, lse, recipe, softmax_scale, causal, d_source, (0.0, 0.0, 0.0), smooth_k
+    )
 
 
 @attn_bwd.register_fake
-def _(dout, q, k, v, o, lse, dlse, recipe, softmax_scale, causal, d_source):
+def _(dout, q, k, v, o, lse, dlse, recipe, softmax_scale, causal, d_source, smooth_k=False):
     return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
 
 
 def _attn_setup_context(ctx, inputs, output):
-    q, k, v, recipe, softmax_scale, causal, d_source = inputs
+    q, k, v, recipe, softmax_scale, causal, d_source, smooth_k = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
-    ctx.options = (recipe, softmax_scale, causal, d_source)
+    ctx.options = (recipe, softmax_scale, causal, d_source, smooth_k)
     # An unused LSE output then reaches the backward as None, not as a zero tensor whose check
     # (attn_bwd: any nonzero?) would cost a fill, a reduction and a device sync every call.
     ctx.set_materialize_grads(False)
@@ -351,26 +472,232 @@ def _attn_setup_context(ctx, inputs, output):
 
 def _attn_backward(ctx, grad_o, grad_lse):
     q, k, v, o, lse = ctx.saved_tensors
-    recipe, softmax_scale, causal, d_source = ctx.options
+    recipe, softmax_scale, causal, d_source, smooth_k = ctx.options
     if grad_o is None:  # only the LSE was used: its gradient is refused below, or zero
         grad_o = torch.zeros_like(o)
     dq, dk, dv = attn_bwd(
-        grad_o.contiguous(), q, k, v, o, lse, grad_lse, recipe, softmax_scale, causal, d_source
+        grad_o.contiguous(),
+        q,
+        k,
+        v,
+        o,
+        lse,
+        grad_lse,
+        recipe,
+        softmax_scale,
+        causal,
+        d_source,
+        smooth_k,
     )
-    return dq, dk, dv, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None
 
 
 attn_fwd.register_autograd(_attn_backward, setup_context=_attn_setup_context)
 
 
-# ---- no backward over kernel operands ---------------------------------------------------------
+# ---- attention over kernel operands, differentiable in their q, k, v sources --------------------
+
+
+@torch.library.custom_op("fp4attn::attn_quantized_fwd", mutates_args=())
+def attn_quantized_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q_data: Tensor,
+    q_scale: Tensor,
+    k_data: Tensor,
+    k_scale: Tensor,
+    v_data: Tensor,
+    v_scale: Tensor,
+    recipe: str,
+    softmax_scale: float,
+    causal: bool,
+    out_dtype: torch.dtype,
+    d_source: str,
+    q_tensor_scale: float,
+    k_tensor_scale: float,
+    v_tensor_scale: float,
+    smooth_k: bool,
+) -> tuple[Tensor, Tensor]:
+    """attn_operands_fwd on operands quantized from the BSHD q, k, v (with the static tensor
+    scales given, 0 = computed; smooth_k: K smoothed, CUDA only, the LSE then without the
+    scale * q . mean term, which api adds), differentiable in q, k, v: straight through the
+    quantizers. The forward reads only the operands; the backward (attn_quantized_bwd) runs on
+    the saved operands on CUDA and on the sources (the golden model re-derives the same operands)
+    on CPU. Returns BSHD (o, lse)."""
+    if smooth_k and q_data.device.type != "cuda":
+        raise UnsupportedError(
+            "smooth_k: the operand path smooths K on CUDA only (CPU: attn_fwd's golden model)"
+        )
+    return _operands_forward(
+        q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, softmax_scale, causal, out_dtype
+    )
+
+
+@attn_quantized_fwd.register_fake
+def _(q, k, v, q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, softmax_scale, causal,
+      out_dtype, d_source, q_tensor_scale, k_tensor_scale, v_tensor_scale, smooth_k):  # fmt: skip
+    b, h, s_q, d = q_data.shape
+    return _outputs((b, s_q, h, d), out_dtype, q_data.device)
+
+
+def _quantized_bwd_cuda(dout, o, lse, operands, recipe, softmax_scale, causal, d_source, smooth_k):
+    q_data, q_scale, k_data, k_scale, v_data, v_scale = operands
+    _require_gpu_backward(recipe, "q_data")
+    b, h, s_q, d = q_data.shape
+    h_kv, s_k = k_data.shape[1], k_data.shape[2]
+    gdt = _grad_dtype(o.dtype)
+    dq = torch.empty((b, s_q, h, d), dtype=gdt, device=o.device)
+    # smooth_k: dK in FP32, so that its mean is subtracted before the one rounding.
+    dk = torch.empty((b, s_k, h_kv, d), dtype=torch.float32 if smooth_k else gdt, device=o.device)
+    dv = torch.empty((b, s_k, h_kv, d), dtype=gdt, device=o.device)
+    with torch.cuda.device(o.device):
+        run_cuda(
+            _C.attention_backward_operands_cuda,
+            as_codes(q_data),
+            q_scale,
+            as_codes(k_data),
+            k_scale,
+            as_codes(v_data),
+            v_scale,
+            o,
+            lse,
+            dout,
+            dq,
+            dk,
+            dv,
+            recipe,
+            softmax_scale,
+            causal,
+            torch.are_deterministic_algorithms_enabled(),
+            d_source,
+            cuda_stream(o.device),
+        )
+    if smooth_k and s_k > 0:
+        # K entered as k_j - mean_l(k_l) (the mean's BF16 rounding straight through): the chain
+        # rule subtracts the mean over the keys of dK, per (batch, kv head, channel), as
+        # golden_attention_backward does.
+        dk = dk - dk.mean(dim=1, keepdim=True)
+    return dq.to(o.dtype), dk.to(o.dtype), dv.to(o.dtype)
+
+
+@torch.library.custom_op("fp4attn::attn_quantized_bwd", mutates_args=())
+def attn_quantized_bwd(
+    dout: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    dlse: Tensor | None,
+    q: Tensor | None,
+    k: Tensor | None,
+    v: Tensor | None,
+    q_data: Tensor | None,
+    q_scale: Tensor | None,
+    k_data: Tensor | None,
+    k_scale: Tensor | None,
+    v_data: Tensor | None,
+    v_scale: Tensor | None,
+    recipe: str,
+    softmax_scale: float,
+    causal: bool,
+    d_source: str,
+    q_tensor_scale: float,
+    k_tensor_scale: float,
+    v_tensor_scale: float,
+    smooth_k: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients (dq, dk, dv) of attn_quantized_fwd, BSHD, in o's dtype. CUDA: the GPU backward
+    on the kernel operands (q/k/v may be None); CPU: the golden model's backward on the sources
+    q, k, v with the same recipe and static tensor scales (the operands may be None). dlse: as
+    attn_bwd's (None or zero)."""
+    _refuse_lse_gradient(dlse)
+    if o.device.type == "cuda":
+        operands = (q_data, q_scale, k_data, k_scale, v_data, v_scale)
+        if any(t is None for t in operands):
+            raise ValueError("q_data: the CUDA backward needs the six kernel operands")
+        return _quantized_bwd_cuda(
+            dout, o, lse, operands, recipe, softmax_scale, causal, d_source, smooth_k
+        )
+    if q is None or k is None or v is None:
+        raise ValueError("q: the CPU backward needs the q, k, v the operands were made from")
+    if smooth_k:
+        raise UnsupportedError("smooth_k: the operand path smooths K on CUDA only")
+    scales = (q_tensor_scale, k_tensor_scale, v_tensor_scale)
+    dq, dk, dv = _golden_bwd(
+        dout, q, k, v, o, lse, recipe, softmax_scale, causal, d_source, scales, False
+    )
+    return dq.to(o.dtype), dk.to(o.dtype), dv.to(o.dtype)
+
+
+@attn_quantized_bwd.register_fake
+def _(dout, o, lse, dlse, q, k, v, q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe,
+      softmax_scale, causal, d_source, q_tensor_scale, k_tensor_scale, v_tensor_scale,
+      smooth_k):  # fmt: skip
+    if q is not None:
+        shapes = (q.shape, k.shape, v.shape)
+    else:
+        b, h, s_q, d = q_data.shape
+        h_kv, s_k = k_data.shape[1], k_data.shape[2]
+        shapes = ((b, s_q, h, d), (b, s_k, h_kv, d), (b, s_k, h_kv, d))
+    return tuple(o.new_empty(sh) for sh in shapes)
+
+
+def _quantized_setup_context(ctx, inputs, output):
+    q, k, v = inputs[:3]
+    operands = inputs[3:9]
+    o, lse = output
+    # What each backward reads, and nothing else: CUDA the operands (E4M3: half of BF16 q/k/v,
+    # and no requantization), CPU the sources (the golden model quantizes them again, bit for
+    # bit). With o and the forward's LSE (without smooth_k's q . mean term) in both.
+    ctx.on_cuda = o.device.type == "cuda"
+    if ctx.on_cuda:
+        ctx.save_for_backward(*operands, o, lse)
+    else:
+        ctx.save_for_backward(q, k, v, o, lse)
+    ctx.options = inputs[9:12] + inputs[13:]  # recipe .. causal, d_source .. smooth_k
+    ctx.set_materialize_grads(False)
+
+
+def _quantized_backward(ctx, grad_o, grad_lse):
+    saved = ctx.saved_tensors
+    if ctx.on_cuda:
+        sources, operands, (o, lse) = (None, None, None), saved[:6], saved[6:]
+    else:
+        sources, operands, (o, lse) = saved[:3], (None,) * 6, saved[3:]
+    recipe, softmax_scale, causal, d_source, tq, tk, tv, smooth_k = ctx.options
+    if grad_o is None:  # only the LSE was used: its gradient is refused below, or zero
+        grad_o = torch.zeros_like(o)
+    dq, dk, dv = attn_quantized_bwd(
+        grad_o.contiguous(),
+        o,
+        lse,
+        grad_lse,
+        *sources,
+        *operands,
+        recipe,
+        softmax_scale,
+        causal,
+        d_source,
+        tq,
+        tk,
+        tv,
+        smooth_k,
+    )
+    return (dq, dk, dv) + (None,) * 15
+
+
+attn_quantized_fwd.register_autograd(_quantized_backward, setup_context=_quantized_setup_context)
+
+
+# ---- attention over kernel operands without their sources: no gradient -----------------------
 
 
 def _no_backward(ctx, *grads):
     raise NotImplementedError(
-        "fp4attn: attn_quantized has no backward (its inputs are quantized codes, which are not "
-        "differentiable); use attn_func, whose backward runs on CPU tensors, or run under "
-        "torch.no_grad()/torch.inference_mode()"
+        "fp4attn: attn_quantized has no gradient for operands without their sources (quantized "
+        "codes are not differentiable). To get gradients, build the operands with "
+        "fp4attn.quantize_qkv(q, k, v, ...) on q, k, v that require grad, with grad mode on: "
+        "attn_quantized then differentiates with respect to those q, k, v (straight through the "
+        "quantizers); or use attn_func; or run under torch.no_grad()/torch.inference_mode()"
     )
 
 
@@ -380,4 +707,13 @@ def _no_context(ctx, inputs, output):
 
 attn_operands_fwd.register_autograd(_no_backward, setup_context=_no_context)
 
-__all__ = ["attn_bwd", "attn_fwd", "attn_operands_fwd", "fake_quantize", "quantize_operand"]
+__all__ = [
+    "attn_bwd",
+    "attn_fwd",
+    "attn_operands_fwd",
+    "attn_quantized_bwd",
+    "attn_quantized_fwd",
+    "fake_quantize",
+    "quantize_k_smoothed",
+    "quantize_operand",
+]

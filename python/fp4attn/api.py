@@ -31,6 +31,7 @@ def attn_func(
     return_lse: bool = False,
     layout: str = "bshd",
     d_source: str = "forward-o",
+    smooth_k: bool = False,
 ):
     """Attention with the operands quantized by `recipe` (docs/numerics.md).
 
@@ -44,6 +45,17 @@ def attn_func(
     Autograd: gradients flow through o, computed by the golden model's backward on CPU tensors
     and by the GPU backward on CUDA ones (exp2 recipes; docs/python.md "Autograd"); d_source picks the O of D = rowsum(dO * O): "forward-o" (the
     quantized forward's) or "high-precision-o" (docs/numerics.md §8). lse is not differentiated.
+
+    smooth_k: SageAttention's K smoothing (numerics.md §3): K minus its mean over the sequence
+    (per batch, kv head and channel; the mean rounded to BF16) is quantized instead of K. Softmax
+    ignores the per-row constant q . mean, so o is attention on K up to quantization (smaller
+    quantization error when K has a large channel mean); lse gets scale * q . mean added back.
+    CPU: every recipe, forward and backward (the golden model). CUDA: the forward for every
+    recipe the engine runs (K smoothed by the GPU quantizer, attention on the operands, the LSE
+    term added in float64); gradients for the GPU backward's recipes (fp8, nvfp4, nvfp4-hx,
+    mxfp4), computed on the forward's operands with dK minus its mean over the keys (the chain
+    rule through the mean, as the golden model's); other recipes raise UnsupportedError in
+    backward().
     """
     _checks.check_layout(layout)
     _checks.check_qkv(q, k, v, layout)
@@ -52,16 +64,28 @@ def attn_func(
     _checks.check_bool(return_lse, "return_lse")
     _checks.check_recipe(recipe)
     _checks.check_choice(d_source, "d_source", _checks.D_SOURCES)
-    o, lse = _ops.attn_fwd(
-        _to_bshd(q, layout),
-        _to_bshd(k, layout),
-        _to_bshd(v, layout),
-        recipe,
-        scale,
-        causal,
-        d_source,
-    )
+    _checks.check_bool(smooth_k, "smooth_k")
+    qb, kb, vb = _to_bshd(q, layout), _to_bshd(k, layout), _to_bshd(v, layout)
+    if smooth_k and q.device.type == "cuda":
+        o, lse = _smooth_k_cuda(qb, kb, vb, recipe, scale, causal, d_source)
+    else:
+        o, lse = _ops.attn_fwd(qb, kb, vb, recipe, scale, causal, d_source, smooth_k)
     return _result(o, lse, layout, return_lse)
+
+
+def _smooth_k_cuda(q, k, v, recipe, scale, causal, d_source):
+    """attn_func(smooth_k=True) on CUDA BSHD tensors: the GPU quantizers (K smoothed, its mean
+    returned), the engine on the operands, the golden model's LSE term; the backward runs on the
+    saved operands (attn_quantized_fwd's autograd), dK minus its mean over the keys."""
+    with torch.no_grad():  # constants of attn_quantized_fwd, whose gradient goes to q, k, v
+        q_data, q_scale = _ops.quantize_operand(q, recipe, "q", 0.0)
+        k_data, k_scale, mean = _ops.quantize_k_smoothed(k, recipe, 0.0)
+        v_data, v_scale = _ops.quantize_operand(v, recipe, "v", 0.0)
+    o, lse = _ops.attn_quantized_fwd(
+        q, k, v, q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, scale, causal,
+        q.dtype, d_source, 0.0, 0.0, 0.0, True,
+    )  # fmt: skip
+    return o, _ops.smooth_k_lse(lse, q, mean, scale)
 
 
 def fake_quantize(
@@ -134,6 +158,9 @@ def quantize_qkv(
 
     Same inputs as attn_func (float64 excepted). *_tensor_scale: a static NVFP4 encode scale
     s_enc (e.g. from a checkpoint) for the nvfp4 recipes; None computes it per (batch, head).
+
+    With grad mode on and any of q, k, v requiring grad, the result keeps them (its `sources`),
+    and attn_quantized on it is differentiable with respect to them.
     """
     _checks.check_layout(layout)
     _checks.check_qkv(q, k, v, layout)
@@ -153,7 +180,22 @@ def quantize_qkv(
         for t, role, s in ((q, "q", scales[0]), (k, "k", scales[1]), (v, "v", scales[2]))
     ]
     (q_data, q_scale), (k_data, k_scale), (v_data, v_scale) = ops
-    return QuantizedQKV(q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, q.dtype, layout)
+    # The sources make attn_quantized differentiable (straight through the quantizers); kept
+    # only when a gradient can be asked for, so inference holds no extra references.
+    track = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return QuantizedQKV(
+        q_data,
+        q_scale,
+        k_data,
+        k_scale,
+        v_data,
+        v_scale,
+        recipe,
+        q.dtype,
+        layout,
+        sources=(q, k, v) if track else None,
+        tensor_scales=tuple(scales),
+    )
 
 
 def quantize_q(
@@ -204,32 +246,63 @@ def _check_operands(qkv: QuantizedQKV) -> None:
     _checks.check_head_dim(qkv.q_data.shape[3], "q_data")
 
 
+def _check_sources(qkv: QuantizedQKV) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The BSHD sources of qkv, checked against its operands (a QuantizedQKV edited by hand)."""
+    if not isinstance(qkv.sources, tuple) or len(qkv.sources) != 3:
+        raise TypeError("sources: expected a tuple (q, k, v) of tensors or None")
+    q, k, v = qkv.sources
+    _checks.check_qkv(q, k, v, qkv.layout)
+    if q.device != qkv.device:
+        raise ValueError(f"sources: on {q.device}, but the operands are on {qkv.device}")
+    if q.dtype != qkv.out_dtype:
+        raise TypeError(f"sources: dtype {q.dtype} differs from out_dtype {qkv.out_dtype}")
+    q, k, v = (_to_bshd(t, qkv.layout) for t in (q, k, v))
+    b, h, s_q, d = qkv.q_data.shape
+    _, h_kv, s_k, _ = qkv.k_data.shape
+    if tuple(q.shape) != (b, s_q, h, d) or tuple(k.shape) != (b, s_k, h_kv, d):
+        raise ValueError(
+            f"sources: q/k shapes {tuple(q.shape)} / {tuple(k.shape)} (BSHD) do not match the "
+            f"operands q_data {tuple(qkv.q_data.shape)} / k_data {tuple(qkv.k_data.shape)} "
+            "(BHSD)"
+        )
+    return q, k, v
+
+
 def attn_quantized(
     qkv: QuantizedQKV,
     softmax_scale: float | None = None,
     causal: bool = False,
     return_lse: bool = False,
+    d_source: str = "forward-o",
 ):
     """Attention over operands from quantize_qkv: the result of attn_func on the same inputs.
 
     On CPU this runs the golden model's arithmetic on the operands (bit-identical to attn_func
     on CPU); on CUDA the engine reads the operands directly. The output has qkv.out_dtype and
     qkv.layout.
+
+    Autograd: when qkv has sources (quantize_qkv on q, k, v that require grad) and grad mode is
+    on, o is differentiable with respect to them, straight through the quantizers: the gradients
+    of attn_func on the same inputs (d_source as there). CUDA: the GPU backward on the operands
+    themselves (no requantization; exp2 recipes); CPU: the golden model's backward, with the
+    static tensor scales. lse is not differentiated. Operands without sources have no gradient.
     """
     _check_operands(qkv)
     scale = _checks.check_softmax_scale(softmax_scale)
     _checks.check_bool(causal, "causal")
     _checks.check_bool(return_lse, "return_lse")
-    o, lse = _ops.attn_operands_fwd(
-        qkv.q_data,
-        qkv.q_scale,
-        qkv.k_data,
-        qkv.k_scale,
-        qkv.v_data,
-        qkv.v_scale,
-        qkv.recipe,
-        scale,
-        causal,
-        qkv.out_dtype,
-    )
+    _checks.check_choice(d_source, "d_source", _checks.D_SOURCES)
+    operands = [getattr(qkv, name) for name in QuantizedQKV.TENSORS]
+    sources = _check_sources(qkv) if qkv.sources is not None and torch.is_grad_enabled() else None
+    if sources is not None and any(t.requires_grad for t in sources):
+        q, k, v = sources
+        # The gradient goes to the sources; the codes (whose quantize_operand node has no
+        # backward) are constants of the op.
+        codes = [t.detach() for t in operands]
+        o, lse = _ops.attn_quantized_fwd(
+            q, k, v, *codes, qkv.recipe, scale, causal, qkv.out_dtype, d_source,
+            *(float(s) for s in qkv.tensor_scales), False,
+        )  # fmt: skip
+    else:
+        o, lse = _ops.attn_operands_fwd(*operands, qkv.recipe, scale, causal, qkv.out_dtype)
     return _result(o, lse, qkv.layout, return_lse)

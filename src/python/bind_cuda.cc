@@ -208,6 +208,41 @@ void attention_backward_cuda_py(const Array& q, const Array& k, const Array& v, 
                               to_view(lse, "lse"), to_view(dout, "dout"), to_view(dq, "dq"),
                               to_view(dk, "dk"), to_view(dv, "dv"), bopt, stream_arg(stream)));
 }
+
+// The backward on the kernel operands the forward ran on (attention_operands_cuda's): no
+// requantization of Q/K/V, so the gradients see exactly the forward's operands.
+void attention_backward_operands_cuda_py(const Array& q_data, const Array& q_scale,
+                                         const Array& k_data, const Array& k_scale,
+                                         const Array& v_data, const Array& v_scale, const Array& o,
+                                         const Array& lse, const Array& dout, const Array& dq,
+                                         const Array& dk, const Array& dv,
+                                         const std::string& recipe, double softmax_scale,
+                                         bool causal, bool deterministic,
+                                         const std::string& d_source, uintptr_t stream) {
+  require_cuda({{&q_data, "q_data"},
+                {&q_scale, "q_scale"},
+                {&k_data, "k_data"},
+                {&k_scale, "k_scale"},
+                {&v_data, "v_data"},
+                {&v_scale, "v_scale"},
+                {&o, "o"},
+                {&lse, "lse"},
+                {&dout, "dout"},
+                {&dq, "dq"},
+                {&dk, "dk"},
+                {&dv, "dv"}});
+  const ForwardOptions opt = forward_options(recipe, softmax_scale, causal);
+  const bool e4m3 = opt.recipe != Recipe::kBf16;
+  const ForwardOperands in{to_view(q_data, "q_data", e4m3), to_view(q_scale, "q_scale"),
+                           to_view(k_data, "k_data", e4m3), to_view(k_scale, "k_scale"),
+                           to_view(v_data, "v_data", e4m3), to_view(v_scale, "v_scale")};
+  BackwardCudaOptions bopt;
+  bopt.deterministic = deterministic;
+  bopt.d_source = d_source_arg(d_source);
+  throw_if_error(attention_backward_operands_cuda(
+      in, opt, to_view(o, "o"), to_view(lse, "lse"), to_view(dout, "dout"), to_view(dq, "dq"),
+      to_view(dk, "dk"), to_view(dv, "dv"), bopt, stream_arg(stream)));
+}
 #endif
 
 }  // namespace
@@ -249,6 +284,13 @@ void bind_cuda(nb::module_& m) {
         arg("softmax_scale"), arg("causal"), arg("deterministic"), arg("d_source"), arg("stream"),
         "GPU backward of attention_cuda (exp2 recipes), launched on `stream`. d_source: "
         "'forward-o' or 'high-precision-o' (docs/numerics.md §8; the v2 kernel).");
+  m.def("attention_backward_operands_cuda", &attention_backward_operands_cuda_py, arg("q_data"),
+        arg("q_scale"), arg("k_data"), arg("k_scale"), arg("v_data"), arg("v_scale"), arg("o"),
+        arg("lse"), arg("dout"), arg("dq"), arg("dk"), arg("dv"), arg("recipe"),
+        arg("softmax_scale"), arg("causal"), arg("deterministic"), arg("d_source"), arg("stream"),
+        "GPU backward of attention_operands_cuda on the same kernel operands (exp2 recipes; no "
+        "requantization of Q/K/V), launched on `stream`. dq [b, s_q, h, d], dk/dv "
+        "[b, s_k, h_kv, d]: F32 or BF16.");
   m.def(
       "check_forward_device", [] { throw_if_error(check_forward_device()); },
       "Raises ValueError saying why the current device cannot run the engine.");

@@ -21,13 +21,14 @@ namespace {
 
 void golden_forward(const Array& q, const Array& k, const Array& v, const Array& o,
                     const OptArray& lse, const std::string& recipe, double softmax_scale,
-                    bool causal) {
+                    bool causal, bool smooth_k) {
   require_host({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"}});
   if (lse) require_host({{&*lse, "lse"}});
   RecipeOptions opt;
   opt.recipe = recipe_arg(recipe);
   opt.softmax_scale = softmax_scale;
   opt.causal = causal;
+  opt.smooth_k = smooth_k;
   const TensorView qv = to_view(q, "q"), kv = to_view(k, "k"), vv = to_view(v, "v");
   const TensorView ov = to_view(o, "o"), lv = optional_view(lse, "lse");
   Status st;
@@ -141,7 +142,10 @@ void bind_host(nb::module_& m) {
   using nb::arg;
   m.def("golden_forward", &golden_forward, arg("q"), arg("k"), arg("v"), arg("o"),
         arg("lse").none(), arg("recipe"), arg("softmax_scale"), arg("causal"),
-        "CPU golden model forward (BSHD); writes o and lse (None to skip).");
+        arg("smooth_k") = false,
+        "CPU golden model forward (BSHD); writes o and lse (None to skip). smooth_k: subtract "
+        "each (batch, kv head)'s key mean before quantizing K (lse corrected by scale * q . "
+        "mean).");
   m.def("quantize_operand_host", &quantize_operand_host_py, arg("x"), arg("recipe"), arg("role"),
         arg("tensor_scale"), arg("smooth_k"), arg("data"), arg("scale"), arg("mean").none(),
         "Host reference of the kernel operand of one role (operands.h layouts).");

@@ -1,7 +1,6 @@
 """Autograd on the CPU path (the golden model's backward, docs/numerics.md §8) and the
 straight-through fake quantization for QAT. Small shapes: the whole file runs in seconds."""
 
-import dataclasses
 import math
 
 import pytest
@@ -284,16 +283,6 @@ def test_lse_gradient_raises_and_unused_lse_is_fine():
     q.grad = None
     (o * dout).sum().backward()  # lse returned but unused: its gradient is zero
     assert torch.equal(q.grad, attn_grads(q, k, v, dout, recipe="fp8")[2])
-
-
-def test_attn_quantized_backward_raises():
-    q, k, v, _ = inputs()
-    ops = fp4attn.quantize_qkv(q, k, v, recipe="fp8")
-    v_scale = ops.v_scale.clone().requires_grad_(True)
-    ops = dataclasses.replace(ops, v_scale=v_scale)
-    o = fp4attn.attn_quantized(ops)
-    with pytest.raises(NotImplementedError, match="attn_quantized has no backward"):
-        o.sum().backward()
 
 
 def test_bad_arguments_name_themselves():

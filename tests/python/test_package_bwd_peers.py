@@ -98,25 +98,31 @@ def test_header(smoke):
     assert saved["suite"] == "bwd" and saved["revision"] == "testrev" and saved["complete"]
     assert saved["device"] == "cpu" and saved["bwd_kernel"] == "v1"
     assert saved["peer"] == "sdpa-math-bf16"
-    assert [s["kind"] for s in saved["skipped"]] == ["fwd+bwd-noquant"]
+    assert saved["skipped"] == []  # fwd+bwd-noquant is measured (attn_quantized's autograd)
+    assert saved["config"]["smooth_k"] is False
     assert "bwd_peers.py" in saved["command"]
 
 
 def test_records_schema_flops_and_speedup(smoke):
     _, saved = smoke
     records, peer_recs = saved["records"], saved["peers"]
-    # One record per recipe x kind x peer (one CPU peer), two peer records (fwd+bwd, bwd).
-    assert len(records) == 4 and len(peer_recs) == 2
+    # One record per recipe x kind x peer (one CPU peer: fwd+bwd, fwd+bwd-noquant, bwd), two
+    # peer records (fwd+bwd, bwd): fwd+bwd-noquant is compared with the peer's fwd+bwd.
+    assert len(records) == 6 and len(peer_recs) == 2
+    assert {p["kind"] for p in peer_recs} == {"fwd+bwd", "bwd"}
     peer_ms = {p["kind"]: p["median_ms"] for p in peer_recs}
+    peer_ms["fwd+bwd-noquant"] = peer_ms["fwd+bwd"]
+    kinds = ("fwd+bwd", "fwd+bwd-noquant", "bwd")
+    assert sorted(r["kind"] for r in records) == sorted(2 * kinds)
     for r in records + peer_recs:
         for key in RECORD[:-2] if r in peer_recs else RECORD:
             assert key in r, (key, r)
         assert "error" not in r
-        assert r["case"] == f"{r['kind']}-d128-s64-causal" and r["kind"] in ("fwd+bwd", "bwd")
+        assert r["case"] == f"{r['kind']}-d128-s64-causal" and r["kind"] in kinds
         assert (r["b"], r["h"], r["h_kv"], r["s_q"], r["s_k"], r["d"]) == (2, 16, 16, 64, 64, 128)
         assert r["causal"] is True
         fwd = 4 * 2 * 16 * 64 * 64 * 128 // 2
-        assert r["flops"] == {"fwd+bwd": 3.5, "bwd": 2.5}[r["kind"]] * fwd
+        assert r["flops"] == {"fwd+bwd": 3.5, "fwd+bwd-noquant": 3.5, "bwd": 2.5}[r["kind"]] * fwd
         assert r["min_ms"] <= r["median_ms"] <= r["max_ms"]
         assert r["tflops"] == pytest.approx(r["flops"] / r["median_ms"] / 1e9, rel=1e-5)
     for r in records:
@@ -126,9 +132,12 @@ def test_records_schema_flops_and_speedup(smoke):
         if r["kind"] == "fwd+bwd":
             assert r["target_speedup"] == 1.3 and r["meets_target"] == (r["speedup"] >= 1.3)
             assert r["quant_qkv_ms"] > 0
+        else:
+            assert "target_speedup" not in r and "quant_qkv_ms" not in r
     for recipe in ("nvfp4", "fp8"):
         s = saved["summary"][recipe]
         assert s["fwd+bwd"]["points"] == 1 and s["bwd"]["errors"] == 0
+        assert s["fwd+bwd-noquant"]["points"] == 1 and s["fwd+bwd-noquant"]["errors"] == 0
         mine = [r for r in records if r["recipe"] == recipe and r["kind"] == "bwd"]
         assert s["bwd"]["min_speedup"] == pytest.approx(mine[0]["speedup"], rel=1e-5)
 
@@ -151,3 +160,16 @@ def test_gradient_accuracy(smoke):
 def test_unknown_recipe_is_rejected(tmp_path):
     with pytest.raises(SystemExit):
         bwd_peers.main([str(tmp_path / "x.json"), "--device", "cpu", "--recipes", "nvfp5"])
+
+
+def test_smooth_k_skips_noquant(tmp_path):
+    out = tmp_path / "bwd.json"
+    doc = bwd_peers.main(
+        [str(out), "--device", "cpu", "--tokens", "64", "--seqlens", "64", "--quick",
+         "--no-accuracy", "--recipes", "fp8", "--smooth-k", "--revision", "testrev"]
+    )  # fmt: skip
+    assert doc["config"]["smooth_k"] is True
+    assert [s["kind"] for s in doc["skipped"]] == ["fwd+bwd-noquant"]
+    assert sorted(r["kind"] for r in doc["records"]) == ["bwd", "fwd+bwd"]
+    assert all("error" not in r for r in doc["records"])
+    assert set(doc["summary"]["fp8"]) == {"fwd+bwd", "bwd", "grad_min_cos"}
