@@ -66,26 +66,41 @@ def attn_func(
     _checks.check_choice(d_source, "d_source", _checks.D_SOURCES)
     _checks.check_bool(smooth_k, "smooth_k")
     qb, kb, vb = _to_bshd(q, layout), _to_bshd(k, layout), _to_bshd(v, layout)
-    if smooth_k and q.device.type == "cuda":
-        o, lse = _smooth_k_cuda(qb, kb, vb, recipe, scale, causal, d_source)
+    if q.device.type == "cuda" and (smooth_k or _trains_on_gpu(q, k, v, recipe)):
+        o, lse = _operands_cuda(qb, kb, vb, recipe, scale, causal, d_source, smooth_k)
     else:
         o, lse = _ops.attn_fwd(qb, kb, vb, recipe, scale, causal, d_source, smooth_k)
     return _result(o, lse, layout, return_lse)
 
 
-def _smooth_k_cuda(q, k, v, recipe, scale, causal, d_source):
-    """attn_func(smooth_k=True) on CUDA BSHD tensors: the GPU quantizers (K smoothed, its mean
-    returned), the engine on the operands, the golden model's LSE term; the backward runs on the
-    saved operands (attn_quantized_fwd's autograd), dK minus its mean over the keys."""
+def _trains_on_gpu(q, k, v, recipe) -> bool:
+    """Autograd will call the GPU backward: then the forward keeps its operands for it."""
+    return (
+        torch.is_grad_enabled()
+        and recipe in _ops.GPU_BACKWARD_RECIPES
+        and any(t.requires_grad for t in (q, k, v))
+    )
+
+
+def _operands_cuda(q, k, v, recipe, scale, causal, d_source, smooth_k):
+    """attn_func on CUDA BSHD tensors through the operands: the GPU quantizers, the engine on the
+    operands, and a backward on the same saved operands (attn_quantized_fwd's autograd), so that
+    Q/K/V are quantized once per training step (the fused attn_fwd path quantizes into scratch
+    and its backward quantizes them again) and the backward keeps 1-byte operands instead of
+    q, k, v. smooth_k: K smoothed by the quantizer (its mean returned), the golden model's LSE
+    term added, dK minus its mean over the keys in the backward."""
     with torch.no_grad():  # constants of attn_quantized_fwd, whose gradient goes to q, k, v
         q_data, q_scale = _ops.quantize_operand(q, recipe, "q", 0.0)
-        k_data, k_scale, mean = _ops.quantize_k_smoothed(k, recipe, 0.0)
+        if smooth_k:
+            k_data, k_scale, mean = _ops.quantize_k_smoothed(k, recipe, 0.0)
+        else:
+            k_data, k_scale = _ops.quantize_operand(k, recipe, "k", 0.0)
         v_data, v_scale = _ops.quantize_operand(v, recipe, "v", 0.0)
     o, lse = _ops.attn_quantized_fwd(
         q, k, v, q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, scale, causal,
-        q.dtype, d_source, 0.0, 0.0, 0.0, True,
+        q.dtype, d_source, 0.0, 0.0, 0.0, smooth_k,
     )  # fmt: skip
-    return o, _ops.smooth_k_lse(lse, q, mean, scale)
+    return o, (_ops.smooth_k_lse(lse, q, mean, scale) if smooth_k else lse)
 
 
 def fake_quantize(

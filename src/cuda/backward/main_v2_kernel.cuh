@@ -393,10 +393,69 @@ __device__ __forceinline__ void v2_store_kv(const BwdParams& p, const float (&dk
   }
 }
 
-// Consumer warpgroup cw (0, 1): keys n0 + 64cw.. of the block.
-template <int D, bool kAmax, bool kDqBulk>
+// Element e (row half h) of a consumer thread's step is visible iff lo[h] <= its local query
+// column < hi[h]: the mask of key_visible (tails of both lengths, bottom-right causal) in two
+// compares. `full` (warp-uniform): every element of the warp is visible (all steps but the causal
+// diagonal and the tails), and the loops skip the mask.
+struct V2Mask {
+  int lo[2], hi[2];
+  bool full;
+  __device__ __forceinline__ bool visible(int e, int t) const {
+    const int c = accum_col(e, t), h = accum_row_half(e);
+    return c >= lo[h] && c < hi[h];
+  }
+};
+
+// key: the thread's first key row (n0 + key_l); q0: the step's first query.
+__device__ __forceinline__ V2Mask v2_mask(const BwdParams& p, int key, int q0) {
+  V2Mask m;
+  const int q_lim = min(p.s_q - q0, kV2Queries);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int k = key + 8 * h;
+    m.lo[h] = p.causal ? max(0, k - (p.s_k - p.s_q) - q0) : 0;
+    m.hi[h] = k < p.s_k ? q_lim : 0;
+  }
+  m.full = __all_sync(
+      0xffffffffu, m.lo[0] == 0 && m.lo[1] == 0 && m.hi[0] == kV2Queries && m.hi[1] == kV2Queries);
+  return m;
+}
+
+// The LSE / D pair of the columns 8j + 2t, 8j + 2t + 1 of elements 4j..4j + 3 (element e takes
+// .x when e is even).
+__device__ __forceinline__ float2 v2_col_pair(const float* v, int j, int t) {
+  return *reinterpret_cast<const float2*>(v + accum_col(4 * j, t));
+}
+
+// P lifted: sc = 2^8 p = exp2(S c - (LSE log2 e - 8)), MUFU.EX2 alone (flush to zero below 2^-126,
+// where the P operand and every dS byte are 0 anyway), 0 where masked.
+template <bool kMasked>
+__device__ __forceinline__ void v2_p_elements(float (&sc)[32], const V2Mask& m, const float* lse2,
+                                              float zc, int t) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 l = v2_col_pair(lse2, j, t);
+#pragma unroll
+    for (int e = 4 * j; e < 4 * j + 4; ++e) {
+      const float pv = sm90::fast_exp2(fmaf(sc[e], zc, -((e & 1) ? l.y : l.x)));
+      sc[e] = (!kMasked || m.visible(e, t)) ? pv : 0.f;
+    }
+  }
+}
+
+__device__ __forceinline__ void v2_p_step(float (&sc)[32], const V2Mask& m, const float* lse2,
+                                          float zc, int t) {
+  if (m.full) {
+    v2_p_elements<false>(sc, m, lse2, zc, t);
+  } else {
+    v2_p_elements<true>(sc, m, lse2, zc, t);
+  }
+}
+
+// Gradient pass, consumer warpgroup cw (0, 1): keys n0 + 64cw.. of the block.
+template <int D, bool kDqBulk>
 __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap* tm_dq,
-                                           V2Smem<D, kAmax>& sm, int cw, int bb, int hk, int n,
+                                           V2Smem<D, false>& sm, int cw, int bb, int hk, int n,
                                            int mb_begin, int mb_end) {
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int n0 = n * kV2Keys;
@@ -427,27 +486,23 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
     const int64_t bh = int64_t(bb) * p.h + hq;
     const float* rec = p.amax + bh * kAmaxSlots;
     const int g_dp = pow2_scale_exp(rec[kAmaxDoFv], kE5m2Top);
-    int h_dq = 0, h_dk = 0;
-    if constexpr (!kAmax) {
-      h_dq = pow2_scale_exp(rec[kAmaxDsK], kE4m3Top);
-      h_dk = pow2_scale_exp(rec[kAmaxDsQ], kE4m3Top);
-      // Each head's operands carry their own scales: bring the sums to this head's units
-      // (a power of two: exact while in FP32 range). No wgmma is in flight here.
-      if (hq != hk * group) {
-        const Pow2 rv(u_dv(hq - 1) - u_dv(hq)), rk(u_dk(hq - 1) - u_dk(hq));
+    const int h_dq = pow2_scale_exp(rec[kAmaxDsK], kE4m3Top);
+    const int h_dk = pow2_scale_exp(rec[kAmaxDsQ], kE4m3Top);
+    // Each head's operands carry their own scales: bring the sums to this head's units (a power
+    // of two: exact while in FP32 range). No wgmma is in flight here.
+    if (hq != hk * group) {
+      const Pow2 rv(u_dv(hq - 1) - u_dv(hq)), rk(u_dk(hq - 1) - u_dk(hq));
 #pragma unroll
-        for (int i = 0; i < D / 2; ++i) {
-          dv[i] = rv(dv[i]);
-          dk[i] = rk(dk[i]);
-        }
+      for (int i = 0; i < D / 2; ++i) {
+        dv[i] = rv(dv[i]);
+        dk[i] = rk(dk[i]);
       }
     }
-    float m_k = 0.f, m_q = 0.f;  // kAmax: this thread's max |dS k_scale|, |dS q_scale|
     // mul_pow2 by this head's exponents, branch-free (Pow2 in bwd_bits.h: the same bits).
     const Pow2 dp_unit(-g_dp), to_dk(h_dk), to_dq(h_dq);
 
     for (int mb = mb_begin; mb < mb_end; ++mb, ++it) {
-      constexpr int kStages = V2Smem<D, kAmax>::kStages;
+      constexpr int kStages = V2Smem<D, false>::kStages;
       const int s = v2_stage<kStages>(it);
       const int q0 = mb * kV2Queries;
       const uint64_t desc_q = sm90::make_kmajor_desc(sm.st[s].q, D);
@@ -468,219 +523,233 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
       }
       sm90::wgmma_commit();
 
-      // Element e (row half h) is visible iff lo[h] <= its local query column < hi[h]: the mask
-      // of key_visible (tails of both lengths, bottom-right causal) in two compares. Steps where
-      // the whole warp sees every element (all but the causal diagonal and the tails) skip it.
-      int lo[2], hi[2];
-      {
-        const int q_lim = min(p.s_q - q0, kV2Queries);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int key = n0 + key_l + 8 * h;
-          lo[h] = p.causal ? max(0, key - (p.s_k - p.s_q) - q0) : 0;
-          hi[h] = key < p.s_k ? q_lim : 0;
-        }
-      }
-      const bool full = __all_sync(
-          0xffffffffu, lo[0] == 0 && lo[1] == 0 && hi[0] == kV2Queries && hi[1] == kV2Queries);
-      auto visible = [&](int e) {
-        const int c = accum_col(e, t), h = accum_row_half(e);
-        return c >= lo[h] && c < hi[h];
-      };
-      // The LSE / D pair of the columns 8j + 2t, 8j + 2t + 1 of elements 4j..4j + 3 (element e
-      // takes .x when e is even).
-      const float* lse2 = sm.lse2[s];
+      const V2Mask mask = v2_mask(p, n0 + key_l, q0);
       const float* dsum = sm.dsum[s];
-      auto col_pair = [&](const float* v, int j) {
-        return *reinterpret_cast<const float2*>(v + accum_col(4 * j, t));
-      };
-      // P lifted: sc = 2^8 p = exp2(S c - (LSE log2 e - 8)), MUFU.EX2 alone (flush to zero below
-      // 2^-126, where the P operand and every dS byte are 0 anyway), 0 where masked.
-      auto p_elements = [&](auto masked) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float2 l = col_pair(lse2, j);
-#pragma unroll
-          for (int e = 4 * j; e < 4 * j + 4; ++e) {
-            const float pv = sm90::fast_exp2(fmaf(sc[e], zc, -((e & 1) ? l.y : l.x)));
-            sc[e] = (!decltype(masked)::value || visible(e)) ? pv : 0.f;
-          }
-        }
-      };
       sm90::wgmma_wait<1>();
       v2_fence(sc);
-      if (full) {
-        p_elements(std::false_type{});
-      } else {
-        p_elements(std::true_type{});
-      }
+      v2_p_step(sc, mask, sm.lse2[s], zc, t);
       v2_fence(sc);  // P is computed here, while the dP^T wgmmas run, not after their wait
       sm90::wgmma_wait<0>();
       v2_fence(dp);
-      if constexpr (kAmax) {
-        // max |2^8 dS| of the thread's elements; |dS k_scale| and |dS q_scale| from it after the
-        // loop (scaling by a positive factor commutes with the max: the same bits).
-        auto amax_elements = [&](auto single, auto masked) {
-          float m = 0.f;
+      // dS_k bytes of element e at ds_at[e % 2][row half] + 1024 (e / 4): query row
+      // 8 (e / 4) + 2t + e % 2, key column key_l + 8 h, swizzled (row % 8 = 2t + e % 2).
+      uint8_t* ds_tile = sm.ds[it & 1];
+      uint32_t ds_at[2][2];
 #pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const float2 dd = col_pair(dsum, j);
+      for (int b = 0; b < 2; ++b) {
 #pragma unroll
-            for (int e = 4 * j; e < 4 * j + 4; ++e) {
-              // dP in real units, as dS sees it (and D_hp)
-              dp[e] = dp_unit.apply<decltype(single)::value>(dp[e]);
-              const float dse = sc[e] * (dp[e] - ((e & 1) ? dd.y : dd.x));
-              m = fmaxf(m, fabsf((!decltype(masked)::value || visible(e)) ? dse : 0.f));
-            }
-          }
-          return m;
-        };
-        float m;
-        if (dp_unit.single()) {
-          m = full ? amax_elements(std::true_type{}, std::false_type{})
-                   : amax_elements(std::true_type{}, std::true_type{});
-        } else {
-          m = amax_elements(std::false_type{}, std::true_type{});
-        }
-        m *= 1.f / float(1 << kPLiftLog2);
-        m_k = fmaxf(m_k, m * ks);
-        m_q = fmaxf(m_q, m * qs);
-        // The stage (tiles, LSE, D) is no longer read by this thread: every consumer thread
-        // arrives (v2_layout.h kV2EmptyArrivals), each releasing its own LSE / D loads.
-        sm90::mbar_arrive(&sm.empty[s]);
-        // D_hp (DSource::kHighPrecisionO): a uniform branch, not taken for kForwardO.
-        if (p.dsum_hp != nullptr) v2_add_d_hp<D>(p, sm, sc, dp, it, cw, n, bh, mb);
-      } else {
-        // dS_k bytes of element e at ds_at[e % 2][row half] + 1024 (e / 4): query row
-        // 8 (e / 4) + 2t + e % 2, key column key_l + 8 h, swizzled (row % 8 = 2t + e % 2).
-        uint8_t* ds_tile = sm.ds[it & 1];
-        uint32_t ds_at[2][2];
-#pragma unroll
-        for (int b = 0; b < 2; ++b) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            ds_at[b][h] = swizzle_offset(2 * t + b, key_l + 8 * h, kV2Keys);
-          }
-        }
-        // sc holds 2^8 p, so 2^8 dS = sc (dP 2^-g' - D). The fast form folds 2^-8 into one
-        // factor per operand, fq = q_scale 2^(h' - 8) and fk = k_scale 2^(h - 8) (exact: normal
-        // powers of two times normal scales), one multiply each; the general form (exponents or
-        // factors out of FP32's normal range: tiny or huge slices) divides by 2^8 and applies
-        // Pow2. Both round the same real numbers once per operation.
-        const Pow2 to_dk8(h_dk - kPLiftLog2), to_dq8(h_dq - kPLiftLog2);
-        const float fq = to_dk8.apply<true>(qs), fk = to_dq8.apply<true>(ks);
-        auto normal = [](float x) { return x >= 1.17549435e-38f && x <= 3.4e38f; };
-        const bool fast =
-            dp_unit.single() && to_dk8.single() && to_dq8.single() && normal(fq) && normal(fk);
-        auto ds_elements = [&](auto fast_form, auto masked) {
-          constexpr bool kFast = decltype(fast_form)::value;
-          constexpr bool kMasked = decltype(masked)::value;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const float2 dd = col_pair(dsum, j);
-            float bq[4];  // the dS_k values of elements 4j..4j + 3
-#pragma unroll
-            for (int e = 4 * j; e < 4 * j + 4; ++e) {
-              const float dse = sc[e] * (dp_unit.apply<kFast>(dp[e]) - ((e & 1) ? dd.y : dd.x));
-              const float ds = (!kMasked || visible(e)) ? dse : 0.f;
-              if constexpr (kFast) {
-                dp[e] = ds * fq;
-                bq[e - 4 * j] = ds * fk;
-              } else {
-                const float d1 = ds * (1.f / float(1 << kPLiftLog2));
-                dp[e] = to_dk.apply<false>(d1 * qs);
-                bq[e - 4 * j] = to_dq.apply<false>(d1 * ks);
-              }
-            }
-            // Elements 4j, 4j + 1 (row half 0) and 4j + 2, 4j + 3 (row half 1): one conversion
-            // per pair, the two bytes to their query rows.
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const uint32_t pair = e4m3x2(bq[2 * h], bq[2 * h + 1]);
-              uint8_t* row = ds_tile + 1024 * j;
-              row[ds_at[0][h]] = uint8_t(pair);
-              row[ds_at[1][h]] = uint8_t(pair >> 8);
-            }
-          }
-        };
-        if (fast) {
-          if (full) {
-            ds_elements(std::true_type{}, std::false_type{});
-          } else {
-            ds_elements(std::true_type{}, std::true_type{});
-          }
-        } else {
-          ds_elements(std::false_type{}, std::true_type{});
-        }
-        uint32_t pa[2][4], da[2][4];
-        v2_pack_a(sc, pa);
-        v2_pack_a(dp, da);
-        const uint64_t desc_dot = sm90::make_kmajor_desc(sm.st[s].dot, kV2Queries);
-        const uint64_t desc_qt = sm90::make_kmajor_desc(sm.st[s].qt, kV2Queries);
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk) wgmma_rs<D, true>(dv, pa[kk], v2_desc_at(desc_dot, kk), 1);
-#pragma unroll
-        for (int kk = 0; kk < 2; ++kk) wgmma_rs<D, false>(dk, da[kk], v2_desc_at(desc_qt, kk), 1);
-        sm90::wgmma_commit();
-
-        // dQ: both warpgroups' dS bytes (generic-proxy writes) before the wgmma reads them. With
-        // kDqBulk the issuing thread first waits until the reduce of step it - 2 has read the dQ
-        // staging buffer that this step rewrites after the barrier.
-        if (kDqBulk && tid == 0) v2_bulk_wait_read<1>();
-        sm90::fence_async_shared();
-        sm90::named_barrier_sync(kV2DsBarrier, kV2Consumers);
-        const uint64_t desc_ds = sm90::make_kmajor_desc(ds_tile, kV2Keys);
-        float dq[D / 4];
-        sm90::wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kV2Keys / 32; ++kk) {
-          wgmma_ss<D / 2, false>(dq, v2_desc_at(desc_ds, kk), v2_desc_at(desc_kt, kk), kk > 0);
-        }
-        sm90::wgmma_commit();
-        sm90::wgmma_wait<0>();
-        v2_fence(dv);
-        v2_fence(dk);
-        v2_fence(dq);
-        v2_fence(pa);
-        v2_fence(da);
-        sm90::mbar_arrive(&sm.empty[s]);  // every consumer thread, as in the amax pass
-
-        if constexpr (kDqBulk) {
-          v2_add_dq_bulk<D>(p, tm_dq, sm, dq, it, cw, n, bh, mb);
-        } else {
-          int* turn = p.dq_turn + bh * (p.s_q_pad / kV2Queries) + mb;
-          if (p.deterministic) v2_wait_turn(turn, n);
-          float* acc = p.dq_acc + (bh * p.s_q + q0 + warp * 16 + g) * D + cw * (D / 2);
-#pragma unroll
-          for (int e = 0; e < D / 4; e += 2) {
-            const int h8 = accum_row_half(e);
-            if (q0 + warp * 16 + g + 8 * h8 < p.s_q) {
-              float* a = acc + 8 * h8 * D + accum_col(e, t);
-              asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a), "f"(dq[e]),
-                           "f"(dq[e + 1])
-                           : "memory");
-            }
-          }
-          if (p.deterministic) v2_pass_turn(turn);
+        for (int h = 0; h < 2; ++h) {
+          ds_at[b][h] = swizzle_offset(2 * t + b, key_l + 8 * h, kV2Keys);
         }
       }
-    }
+      // sc holds 2^8 p, so 2^8 dS = sc (dP 2^-g' - D). The fast form folds 2^-8 into one
+      // factor per operand, fq = q_scale 2^(h' - 8) and fk = k_scale 2^(h - 8) (exact: normal
+      // powers of two times normal scales), one multiply each; the general form (exponents or
+      // factors out of FP32's normal range: tiny or huge slices) divides by 2^8 and applies
+      // Pow2. Both round the same real numbers once per operation.
+      const Pow2 to_dk8(h_dk - kPLiftLog2), to_dq8(h_dq - kPLiftLog2);
+      const float fq = to_dk8.apply<true>(qs), fk = to_dq8.apply<true>(ks);
+      auto normal = [](float x) { return x >= 1.17549435e-38f && x <= 3.4e38f; };
+      const bool fast =
+          dp_unit.single() && to_dk8.single() && to_dq8.single() && normal(fq) && normal(fk);
+      auto ds_elements = [&](auto fast_form, auto masked) {
+        constexpr bool kFast = decltype(fast_form)::value;
+        constexpr bool kMasked = decltype(masked)::value;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float2 dd = v2_col_pair(dsum, j, t);
+          float bq[4];  // the dS_k values of elements 4j..4j + 3
+#pragma unroll
+          for (int e = 4 * j; e < 4 * j + 4; ++e) {
+            const float dse = sc[e] * (dp_unit.apply<kFast>(dp[e]) - ((e & 1) ? dd.y : dd.x));
+            const float ds = (!kMasked || mask.visible(e, t)) ? dse : 0.f;
+            if constexpr (kFast) {
+              dp[e] = ds * fq;
+              bq[e - 4 * j] = ds * fk;
+            } else {
+              const float d1 = ds * (1.f / float(1 << kPLiftLog2));
+              dp[e] = to_dk.apply<false>(d1 * qs);
+              bq[e - 4 * j] = to_dq.apply<false>(d1 * ks);
+            }
+          }
+          // Elements 4j, 4j + 1 (row half 0) and 4j + 2, 4j + 3 (row half 1): one conversion
+          // per pair, the two bytes to their query rows.
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t pair = e4m3x2(bq[2 * h], bq[2 * h + 1]);
+            uint8_t* row = ds_tile + 1024 * j;
+            row[ds_at[0][h]] = uint8_t(pair);
+            row[ds_at[1][h]] = uint8_t(pair >> 8);
+          }
+        }
+      };
+      if (fast) {
+        if (mask.full) {
+          ds_elements(std::true_type{}, std::false_type{});
+        } else {
+          ds_elements(std::true_type{}, std::true_type{});
+        }
+      } else {
+        ds_elements(std::false_type{}, std::true_type{});
+      }
+      uint32_t pa[2][4], da[2][4];
+      v2_pack_a(sc, pa);
+      v2_pack_a(dp, da);
+      const uint64_t desc_dot = sm90::make_kmajor_desc(sm.st[s].dot, kV2Queries);
+      const uint64_t desc_qt = sm90::make_kmajor_desc(sm.st[s].qt, kV2Queries);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) wgmma_rs<D, true>(dv, pa[kk], v2_desc_at(desc_dot, kk), 1);
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) wgmma_rs<D, false>(dk, da[kk], v2_desc_at(desc_qt, kk), 1);
+      sm90::wgmma_commit();
 
-    if constexpr (kAmax) {
-      m_k = warp_max(m_k);
-      m_q = warp_max(m_q);
-      if (lane == 0) {
-        float* r = p.amax + bh * kAmaxSlots;
-        if (m_k > 0.f) atomic_max_nonneg(r + kAmaxDsK, m_k);
-        if (m_q > 0.f) atomic_max_nonneg(r + kAmaxDsQ, m_q);
+      // dQ: both warpgroups' dS bytes (generic-proxy writes) before the wgmma reads them. With
+      // kDqBulk the issuing thread first waits until the reduce of step it - 2 has read the dQ
+      // staging buffer that this step rewrites after the barrier.
+      if (kDqBulk && tid == 0) v2_bulk_wait_read<1>();
+      sm90::fence_async_shared();
+      sm90::named_barrier_sync(kV2DsBarrier, kV2Consumers);
+      const uint64_t desc_ds = sm90::make_kmajor_desc(ds_tile, kV2Keys);
+      float dq[D / 4];
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kV2Keys / 32; ++kk) {
+        wgmma_ss<D / 2, false>(dq, v2_desc_at(desc_ds, kk), v2_desc_at(desc_kt, kk), kk > 0);
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      v2_fence(dv);
+      v2_fence(dk);
+      v2_fence(dq);
+      v2_fence(pa);
+      v2_fence(da);
+      sm90::mbar_arrive(&sm.empty[s]);  // every consumer thread, as in the amax pass
+
+      if constexpr (kDqBulk) {
+        v2_add_dq_bulk<D>(p, tm_dq, sm, dq, it, cw, n, bh, mb);
+      } else {
+        int* turn = p.dq_turn + bh * (p.s_q_pad / kV2Queries) + mb;
+        if (p.deterministic) v2_wait_turn(turn, n);
+        float* acc = p.dq_acc + (bh * p.s_q + q0 + warp * 16 + g) * D + cw * (D / 2);
+#pragma unroll
+        for (int e = 0; e < D / 4; e += 2) {
+          const int h8 = accum_row_half(e);
+          if (q0 + warp * 16 + g + 8 * h8 < p.s_q) {
+            float* a = acc + 8 * h8 * D + accum_col(e, t);
+            asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a), "f"(dq[e]),
+                         "f"(dq[e + 1])
+                         : "memory");
+          }
+        }
+        if (p.deterministic) v2_pass_turn(turn);
       }
     }
   }
-  if constexpr (!kAmax) {
-    if (kDqBulk && tid == 0) v2_bulk_wait_all();  // the staging reads, before the CTA ends
-    const int last = (hk + 1) * group - 1;
-    v2_store_kv<D>(p, dk, dv, u_dk(last), u_dv(last), bb, hk, n0 + key_l, t);
+  if (kDqBulk && tid == 0) v2_bulk_wait_all();  // the staging reads, before the CTA ends
+  const int last = (hk + 1) * group - 1;
+  v2_store_kv<D>(p, dk, dv, u_dk(last), u_dv(last), bb, hk, n0 + key_l, t);
+}
+
+// Amax pass, consumer warpgroup cw: the max |dS k_scale| and |dS q_scale| of the block's keys
+// per (batch, head), and D_hp (DSource::kHighPrecisionO).
+template <int D>
+__device__ __forceinline__ void v2_consume_amax(const BwdParams& p, V2Smem<D, true>& sm, int cw,
+                                                int bb, int hk, int n, int mb_begin, int mb_end) {
+  constexpr int kStages = V2Smem<D, true>::kStages;
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int n0 = n * kV2Keys;
+  const int key_l = cw * 64 + warp * 16 + g;  // block-local key of this thread's first row
+  const int group = p.h / p.h_kv;
+  const int bhk = bb * p.h_kv + hk;
+  const float ks = p.k_scale[int64_t(bhk) * ((p.s_k + 127) / 128) + n];
+  const uint64_t desc_k = sm90::make_kmajor_desc(sm.k + cw * 64 * D, D);
+  const uint64_t desc_v = sm90::make_kmajor_desc(sm.v + cw * 64 * D, D);
+  // S^T and dP^T of step `it` into (sc, dp), one commit group each.
+  auto issue = [&](float(&sc)[32], float(&dp)[32], int it) {
+    const int s = v2_stage<kStages>(it);
+    const uint64_t desc_q = sm90::make_kmajor_desc(sm.st[s].q, D);
+    const uint64_t desc_dov = sm90::make_kmajor_desc(sm.st[s].dov, D);
+    sm90::mbar_wait(&sm.full[s], v2_parity<kStages>(it));
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 32; ++kk) {
+      wgmma_ss<64, false>(sc, v2_desc_at(desc_k, kk), v2_desc_at(desc_q, kk), kk > 0);
+    }
+    sm90::wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 32; ++kk) {
+      wgmma_ss<64, true>(dp, v2_desc_at(desc_v, kk), v2_desc_at(desc_dov, kk), kk > 0);
+    }
+    sm90::wgmma_commit();
+  };
+  int it = 0;
+  for (int hq = hk * group; hq < (hk + 1) * group; ++hq) {
+    const int64_t bh = int64_t(bb) * p.h + hq;
+    const Pow2 dp_unit(-pow2_scale_exp(p.amax[bh * kAmaxSlots + kAmaxDoFv], kE5m2Top));
+    float m_k = 0.f, m_q = 0.f;  // this thread's max |dS k_scale|, |dS q_scale|
+    // Step it's element work as its accumulators finish: P, then max |2^8 dS| of the thread's
+    // elements; |dS k_scale| and |dS q_scale| from it (a positive factor commutes with the max:
+    // the same bits); then the stage is released and D_hp added.
+    auto work = [&](float(&sc)[32], float(&dp)[32], int it, int mb) {
+      const int s = v2_stage<kStages>(it);
+      const float qs = sm.q_scale[s];
+      const V2Mask mask = v2_mask(p, n0 + key_l, mb * kV2Queries);
+      sm90::wgmma_wait<1>();
+      v2_fence(sc);
+      v2_p_step(sc, mask, sm.lse2[s], qs * ks * p.scale_log2, t);
+      v2_fence(sc);  // P is computed here, while the dP^T wgmmas run, not after their wait
+      sm90::wgmma_wait<0>();
+      v2_fence(dp);
+      const float* dsum = sm.dsum[s];
+      auto amax_elements = [&](auto single, auto masked) {
+        float m = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float2 dd = v2_col_pair(dsum, j, t);
+#pragma unroll
+          for (int e = 4 * j; e < 4 * j + 4; ++e) {
+            // dP in real units, as dS sees it (and D_hp)
+            dp[e] = dp_unit.apply<decltype(single)::value>(dp[e]);
+            const float dse = sc[e] * (dp[e] - ((e & 1) ? dd.y : dd.x));
+            m = fmaxf(m, fabsf((!decltype(masked)::value || mask.visible(e, t)) ? dse : 0.f));
+          }
+        }
+        return m;
+      };
+      float m;
+      if (dp_unit.single()) {
+        m = mask.full ? amax_elements(std::true_type{}, std::false_type{})
+                      : amax_elements(std::true_type{}, std::true_type{});
+      } else {
+        m = amax_elements(std::false_type{}, std::true_type{});
+      }
+      m *= 1.f / float(1 << kPLiftLog2);
+      m_k = fmaxf(m_k, m * ks);
+      m_q = fmaxf(m_q, m * qs);
+      // The stage (tiles, LSE, D) is no longer read by this thread: every consumer thread
+      // arrives (v2_layout.h kV2EmptyArrivals), each releasing its own LSE / D loads.
+      sm90::mbar_arrive(&sm.empty[s]);
+      // D_hp (DSource::kHighPrecisionO): a uniform branch, not taken for kForwardO.
+      if (p.dsum_hp != nullptr) v2_add_d_hp<D>(p, sm, sc, dp, it, cw, n, bh, mb);
+    };
+    // One step at a time. Issuing step i + 1's wgmmas into a second accumulator set under step
+    // i's element work made ptxas serialize every wgmma of the kernel (C7514 / C7515) in each
+    // loop shape tried (docs/kernels/bwd_sm90.md, session 7).
+    const int steps = mb_end - mb_begin;
+    for (int k = 0; k < steps; ++k) {
+      float sc[32], dp[32];
+      issue(sc, dp, it + k);
+      work(sc, dp, it + k, mb_begin + k);
+    }
+    it += steps;
+    m_k = warp_max(m_k);
+    m_q = warp_max(m_q);
+    if (lane == 0) {
+      float* r = p.amax + bh * kAmaxSlots;
+      if (m_k > 0.f) atomic_max_nonneg(r + kAmaxDsK, m_k);
+      if (m_q > 0.f) atomic_max_nonneg(r + kAmaxDsQ, m_q);
+    }
   }
 }
 
@@ -718,7 +787,11 @@ __global__ void __launch_bounds__(kV2Threads, 1)
     if (threadIdx.x < 32) v2_produce<D, kAmax>(P, sm, bb, hk, mb_begin, mb_end);
   } else {
     sm90::setmaxnreg_inc<240>();
-    v2_consume<D, kAmax, kDqBulk>(p, &P.tm_dq, sm, wg - 1, bb, hk, n, mb_begin, mb_end);
+    if constexpr (kAmax) {
+      v2_consume_amax<D>(p, sm, wg - 1, bb, hk, n, mb_begin, mb_end);
+    } else {
+      v2_consume<D, kDqBulk>(p, &P.tm_dq, sm, wg - 1, bb, hk, n, mb_begin, mb_end);
+    }
   }
 }
 
