@@ -235,48 +235,6 @@ __device__ __forceinline__ void v2_halve(float (&v)[16], int lane, int mask) {
   }
 }
 
-// DSource::kHighPrecisionO, amax pass: D_hp_i += sum over the CTA's 128 keys of p_ij dP_ij (the p
-// and dP of dS: P masked, dP * 2^-g'; pv holds 2^8 p, the sum is scaled back exactly), one add per
-// query row and CTA. Per thread, the two row halves of each of its 16 columns; a reduce-scatter
-// over the 8 lanes of each column leaves lane (g, t) the columns d_hp_col(g, t, 0 / 1) (bwd_bits.h,
-// CPU-tested); the 8 warps' sums meet in shared memory (the unused dS tile, by step parity: a
-// buffer is rewritten two steps later, after every reader passed the next step's barrier) and 64
-// threads add them in warp order. Deterministic: the adds of a query block in key-block order (the
-// dQ turns).
-template <int D>
-__device__ __forceinline__ void v2_add_d_hp(const BwdParams& p, V2Smem<D, true>& sm,
-                                            const float (&pv)[32], const float (&dpu)[32], int it,
-                                            int cw, int n, int64_t bh, int mb) {
-  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  float v[16];
-#pragma unroll
-  for (int k = 0; k < 16; ++k) {
-    const int e = d_hp_element(k);  // row half 0; e + 2: row half 1 of the same column
-    v[k] = fmaf(pv[e + 2], dpu[e + 2], pv[e] * dpu[e]);
-  }
-  v2_halve<8>(v, lane, 16);
-  v2_halve<4>(v, lane, 8);
-  v2_halve<2>(v, lane, 4);
-  static_assert(sizeof(float) * 2 * 8 * kV2Queries <= sizeof(V2Smem<D, true>::ds));
-  auto red = reinterpret_cast<float(*)[8][kV2Queries]>(&sm.ds[0][0]);
-  *reinterpret_cast<float2*>(&red[it & 1][cw * 4 + warp][d_hp_col(g, t, 0)]) =
-      make_float2(v[0], v[1]);
-  sm90::named_barrier_sync(kV2DsBarrier, kV2Consumers);
-  int* turn =
-      p.dsum_hp_turn != nullptr ? p.dsum_hp_turn + bh * (p.s_q_pad / kV2Queries) + mb : nullptr;
-  if (turn != nullptr) v2_wait_turn(turn, n);
-  const int ci = cw * 128 + tid, i = mb * kV2Queries + ci;
-  if (ci < kV2Queries && i < p.s_q) {
-    float sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < 8; ++w) sum += red[it & 1][w][ci];
-    sum *= 1.f / float(1 << kPLiftLog2);  // pv is 2^8 p
-    asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p.dsum_hp + bh * p.s_q + i), "f"(sum)
-                 : "memory");
-  }
-  if (turn != nullptr) v2_pass_turn(turn);
-}
-
 // dq_bulk: warpgroup cw's dQ tile (query rows of the block x channels cw D / 2..) into the
 // staging buffer of the step's parity, then one thread (the warpgroup's first) adds its D / 64
 // boxes into dq_acc by TMA reduce-add (rows past s_q are outside the map: not added). The other
@@ -651,98 +609,182 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
   v2_store_kv<D>(p, dk, dv, u_dk(last), u_dv(last), bb, hk, n0 + key_l, t);
 }
 
+// Amax pass, deterministic D_hp: this warpgroup's turn (its first thread spins; a barrier over
+// its 128 threads; barrier ids as immediates).
+__device__ __forceinline__ void v2_wg_barrier(int id_base, int cw) {
+  if (cw == 0) {
+    if (id_base == kV2DsBarrier) {
+      asm volatile("bar.sync %0, 128;" ::"n"(kV2DsBarrier) : "memory");
+    } else {
+      asm volatile("bar.sync %0, 128;" ::"n"(kV2DqBarrier) : "memory");
+    }
+  } else {
+    if (id_base == kV2DsBarrier) {
+      asm volatile("bar.sync %0, 128;" ::"n"(kV2DsBarrier + 1) : "memory");
+    } else {
+      asm volatile("bar.sync %0, 128;" ::"n"(kV2DqBarrier + 1) : "memory");
+    }
+  }
+}
+
+// DSource::kHighPrecisionO, amax pass: D_hp_i += sum over the CTA's 128 keys of p_ij dP_ij (the p
+// and dP of dS: P masked, dP * 2^-g'; pv holds 2^8 p, the sum is scaled back exactly), one add per
+// query row and CTA, from the warpgroup that ran the step (both tiles of 64 keys). Per thread, the
+// two tiles' two row halves of each of its 16 columns; a reduce-scatter over the 8 lanes of each
+// column leaves lane (g, t) the columns d_hp_col(g, t, 0 / 1) (bwd_bits.h, CPU-tested); the 4
+// warps' sums meet in shared memory (the unused dS tile: per warpgroup, by the parity of its own
+// step count, a buffer being rewritten two of its steps later, after its readers passed the
+// barrier of the step between) and 64 threads add them in warp order. Deterministic: the adds of
+// a query block in key-block order (turns on dsum_hp_turn).
+template <int D>
+__device__ __forceinline__ void v2_add_d_hp(const BwdParams& p, V2Smem<D, true>& sm,
+                                            const float (&pv)[2][32], const float (&dpu)[2][32],
+                                            int local, int cw, int n, int64_t bh, int mb) {
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  float v[16];
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    const int e = d_hp_element(k);  // row half 0; e + 2: row half 1 of the same column
+    v[k] = fmaf(pv[1][e + 2], dpu[1][e + 2],
+                fmaf(pv[1][e], dpu[1][e], fmaf(pv[0][e + 2], dpu[0][e + 2], pv[0][e] * dpu[0][e])));
+  }
+  v2_halve<8>(v, lane, 16);
+  v2_halve<4>(v, lane, 8);
+  v2_halve<2>(v, lane, 4);
+  static_assert(sizeof(float) * 2 * 2 * 4 * kV2Queries <= sizeof(V2Smem<D, true>::ds));
+  auto red = reinterpret_cast<float(*)[2][4][kV2Queries]>(&sm.ds[0][0]);
+  *reinterpret_cast<float2*>(&red[cw][local & 1][warp][d_hp_col(g, t, 0)]) =
+      make_float2(v[0], v[1]);
+  v2_wg_barrier(kV2DsBarrier, cw);
+  int* turn =
+      p.dsum_hp_turn != nullptr ? p.dsum_hp_turn + bh * (p.s_q_pad / kV2Queries) + mb : nullptr;
+  if (turn != nullptr) {
+    if (tid == 0) {
+      int x;
+      do {
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(x) : "l"(turn) : "memory");
+      } while (x != n);
+    }
+    v2_wg_barrier(kV2DqBarrier, cw);
+  }
+  const int i = mb * kV2Queries + tid;
+  if (tid < kV2Queries && i < p.s_q) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) sum += red[cw][local & 1][w][tid];
+    sum *= 1.f / float(1 << kPLiftLog2);  // pv is 2^8 p
+    asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p.dsum_hp + bh * p.s_q + i), "f"(sum)
+                 : "memory");
+  }
+  if (turn != nullptr) {
+    __threadfence();
+    v2_wg_barrier(kV2DqBarrier, cw);
+    if (tid == 0) atomicAdd(turn, 1);
+  }
+}
+
 // Amax pass, consumer warpgroup cw: the max |dS k_scale| and |dS q_scale| of the block's keys
-// per (batch, head), and D_hp (DSource::kHighPrecisionO).
+// per (batch, head), and D_hp (DSource::kHighPrecisionO). The two warpgroups take alternate steps
+// (cw: the steps it with it % 2 == cw), each over all 128 keys (two 64-key tiles), so that they
+// run out of phase: one's element work under the other's wgmmas (in the gradient pass they share
+// every step through dQ).
 template <int D>
 __device__ __forceinline__ void v2_consume_amax(const BwdParams& p, V2Smem<D, true>& sm, int cw,
                                                 int bb, int hk, int n, int mb_begin, int mb_end) {
   constexpr int kStages = V2Smem<D, true>::kStages;
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int n0 = n * kV2Keys;
-  const int key_l = cw * 64 + warp * 16 + g;  // block-local key of this thread's first row
   const int group = p.h / p.h_kv;
   const int bhk = bb * p.h_kv + hk;
   const float ks = p.k_scale[int64_t(bhk) * ((p.s_k + 127) / 128) + n];
-  const uint64_t desc_k = sm90::make_kmajor_desc(sm.k + cw * 64 * D, D);
-  const uint64_t desc_v = sm90::make_kmajor_desc(sm.v + cw * 64 * D, D);
-  // S^T and dP^T of step `it` into (sc, dp), one commit group each.
-  auto issue = [&](float(&sc)[32], float(&dp)[32], int it) {
-    const int s = v2_stage<kStages>(it);
-    const uint64_t desc_q = sm90::make_kmajor_desc(sm.st[s].q, D);
-    const uint64_t desc_dov = sm90::make_kmajor_desc(sm.st[s].dov, D);
-    sm90::mbar_wait(&sm.full[s], v2_parity<kStages>(it));
-    sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 32; ++kk) {
-      wgmma_ss<64, false>(sc, v2_desc_at(desc_k, kk), v2_desc_at(desc_q, kk), kk > 0);
-    }
-    sm90::wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 32; ++kk) {
-      wgmma_ss<64, true>(dp, v2_desc_at(desc_v, kk), v2_desc_at(desc_dov, kk), kk > 0);
-    }
-    sm90::wgmma_commit();
-  };
-  int it = 0;
+  const uint64_t desc_k[2] = {sm90::make_kmajor_desc(sm.k, D),
+                              sm90::make_kmajor_desc(sm.k + 64 * D, D)};
+  const uint64_t desc_v[2] = {sm90::make_kmajor_desc(sm.v, D),
+                              sm90::make_kmajor_desc(sm.v + 64 * D, D)};
+  int it = 0, local = 0;
   for (int hq = hk * group; hq < (hk + 1) * group; ++hq) {
     const int64_t bh = int64_t(bb) * p.h + hq;
     const Pow2 dp_unit(-pow2_scale_exp(p.amax[bh * kAmaxSlots + kAmaxDoFv], kE5m2Top));
     float m_k = 0.f, m_q = 0.f;  // this thread's max |dS k_scale|, |dS q_scale|
-    // Step it's element work as its accumulators finish: P, then max |2^8 dS| of the thread's
-    // elements; |dS k_scale| and |dS q_scale| from it (a positive factor commutes with the max:
-    // the same bits); then the stage is released and D_hp added.
-    auto work = [&](float(&sc)[32], float(&dp)[32], int it, int mb) {
+    for (int mb = mb_begin; mb < mb_end; ++mb, ++it) {
+      if ((it & 1) != cw) continue;
       const int s = v2_stage<kStages>(it);
+      const int q0 = mb * kV2Queries;
+      const uint64_t desc_q = sm90::make_kmajor_desc(sm.st[s].q, D);
+      const uint64_t desc_dov = sm90::make_kmajor_desc(sm.st[s].dov, D);
+      float sc[2][32], dp[2][32];
+      sm90::mbar_wait(&sm.full[s], v2_parity<kStages>(it));
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int kk = 0; kk < D / 32; ++kk) {
+          wgmma_ss<64, false>(sc[r], v2_desc_at(desc_k[r], kk), v2_desc_at(desc_q, kk), kk > 0);
+        }
+      }
+      sm90::wgmma_commit();
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int kk = 0; kk < D / 32; ++kk) {
+          wgmma_ss<64, true>(dp[r], v2_desc_at(desc_v[r], kk), v2_desc_at(desc_dov, kk), kk > 0);
+        }
+      }
+      sm90::wgmma_commit();
+
       const float qs = sm.q_scale[s];
-      const V2Mask mask = v2_mask(p, n0 + key_l, mb * kV2Queries);
+      const V2Mask mask[2] = {v2_mask(p, n0 + warp * 16 + g, q0),
+                              v2_mask(p, n0 + 64 + warp * 16 + g, q0)};
       sm90::wgmma_wait<1>();
-      v2_fence(sc);
-      v2_p_step(sc, mask, sm.lse2[s], qs * ks * p.scale_log2, t);
-      v2_fence(sc);  // P is computed here, while the dP^T wgmmas run, not after their wait
+      v2_fence(sc[0]);
+      v2_fence(sc[1]);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) v2_p_step(sc[r], mask[r], sm.lse2[s], qs * ks * p.scale_log2, t);
+      v2_fence(sc[0]);  // P is computed here, while the dP^T wgmmas run, not after their wait
+      v2_fence(sc[1]);
       sm90::wgmma_wait<0>();
-      v2_fence(dp);
+      v2_fence(dp[0]);
+      v2_fence(dp[1]);
+      // max |2^8 dS| of the thread's elements; |dS k_scale| and |dS q_scale| from it (a positive
+      // factor commutes with the max: the same bits).
       const float* dsum = sm.dsum[s];
-      auto amax_elements = [&](auto single, auto masked) {
+      auto amax_elements = [&](float(&sr)[32], float(&dr)[32], const V2Mask& mr, auto single,
+                               auto masked) {
         float m = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const float2 dd = v2_col_pair(dsum, j, t);
 #pragma unroll
           for (int e = 4 * j; e < 4 * j + 4; ++e) {
-            // dP in real units, as dS sees it (and D_hp)
-            dp[e] = dp_unit.apply<decltype(single)::value>(dp[e]);
-            const float dse = sc[e] * (dp[e] - ((e & 1) ? dd.y : dd.x));
-            m = fmaxf(m, fabsf((!decltype(masked)::value || mask.visible(e, t)) ? dse : 0.f));
+            dr[e] = dp_unit.apply<decltype(single)::value>(dr[e]);  // dP as dS (and D_hp) see it
+            const float dse = sr[e] * (dr[e] - ((e & 1) ? dd.y : dd.x));
+            m = fmaxf(m, fabsf((!decltype(masked)::value || mr.visible(e, t)) ? dse : 0.f));
           }
         }
         return m;
       };
-      float m;
-      if (dp_unit.single()) {
-        m = mask.full ? amax_elements(std::true_type{}, std::false_type{})
-                      : amax_elements(std::true_type{}, std::true_type{});
-      } else {
-        m = amax_elements(std::false_type{}, std::true_type{});
+      float m = 0.f;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (dp_unit.single()) {
+          m = fmaxf(m,
+                    mask[r].full
+                        ? amax_elements(sc[r], dp[r], mask[r], std::true_type{}, std::false_type{})
+                        : amax_elements(sc[r], dp[r], mask[r], std::true_type{}, std::true_type{}));
+        } else {
+          m = fmaxf(m, amax_elements(sc[r], dp[r], mask[r], std::false_type{}, std::true_type{}));
+        }
       }
       m *= 1.f / float(1 << kPLiftLog2);
       m_k = fmaxf(m_k, m * ks);
       m_q = fmaxf(m_q, m * qs);
-      // The stage (tiles, LSE, D) is no longer read by this thread: every consumer thread
-      // arrives (v2_layout.h kV2EmptyArrivals), each releasing its own LSE / D loads.
+      // The stage (tiles, LSE, D) is no longer read by this thread: every thread of the
+      // warpgroup that ran the step arrives (v2_empty_arrivals), each releasing its own loads.
       sm90::mbar_arrive(&sm.empty[s]);
       // D_hp (DSource::kHighPrecisionO): a uniform branch, not taken for kForwardO.
-      if (p.dsum_hp != nullptr) v2_add_d_hp<D>(p, sm, sc, dp, it, cw, n, bh, mb);
-    };
-    // One step at a time. Issuing step i + 1's wgmmas into a second accumulator set under step
-    // i's element work made ptxas serialize every wgmma of the kernel (C7514 / C7515) in each
-    // loop shape tried (docs/kernels/bwd_sm90.md, session 7).
-    const int steps = mb_end - mb_begin;
-    for (int k = 0; k < steps; ++k) {
-      float sc[32], dp[32];
-      issue(sc, dp, it + k);
-      work(sc, dp, it + k, mb_begin + k);
+      if (p.dsum_hp != nullptr) v2_add_d_hp<D>(p, sm, sc, dp, local, cw, n, bh, mb);
+      ++local;
     }
-    it += steps;
     m_k = warp_max(m_k);
     m_q = warp_max(m_q);
     if (lane == 0) {
@@ -773,7 +815,7 @@ __global__ void __launch_bounds__(kV2Threads, 1)
   if (threadIdx.x == 0) {
     for (int s = 0; s < V2Smem<D, kAmax>::kStages; ++s) {
       sm90::mbar_init(&sm.full[s], kV2FullArrivals);
-      sm90::mbar_init(&sm.empty[s], kV2EmptyArrivals);
+      sm90::mbar_init(&sm.empty[s], v2_empty_arrivals(kAmax));
     }
     sm90::fence_barrier_init();
   }

@@ -27,6 +27,8 @@ constexpr int kV2FullArrivals = 32;  // the producer warp: LSE / D rows, then TM
 // them (one arrive per warp after __syncwarp relied on bar.warp.sync + cumulativity, which
 // compute-sanitizer racecheck does not follow: docs/kernels/bwd_sm90.md, "racecheck (session 6)").
 constexpr int kV2EmptyArrivals = kV2Consumers;
+// The amax pass's warpgroups take alternate steps: a stage is released by one warpgroup's 128.
+constexpr int v2_empty_arrivals(bool amax) { return amax ? kV2Consumers / 2 : kV2EmptyArrivals; }
 // dQ through bulk reductions (BwdParams::dq_bulk): each consumer warpgroup stages its FP32 dQ
 // tile (64 queries x D / 2 channels) in boxes of 64 query rows x 32 channels (128 bytes, swizzled
 // as CU_TENSOR_MAP_SWIZZLE_128B) and one thread adds them into dq_acc by TMA reduce-add.
