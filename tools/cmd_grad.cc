@@ -32,6 +32,7 @@ const std::vector<FlagSpec> kGradFlags = {
     {"seed", true, "input seed; dO uses the same seed (see --help)", "0"},
     {"d-source", true, "D of the backward: 'forward-o' (the forward's O) or 'high-precision-o'",
      "forward-o"},
+    {"smooth-k", false, "K smoothing (the recipe's K minus its mean per head, numerics.md §3)", ""},
     {"arithmetic", true,
      "the golden backward's GEMMs: 'fp8' (the GPU's FP8 operands) or 'f64' (float64)", "fp8"},
     {"json", true, "also write the results as JSON to this file", ""},
@@ -83,6 +84,7 @@ int cmd_grad(const std::vector<std::string>& argv) {
     throw UsageError("--head-dim: expected 64 or 128, got " + std::to_string(d));
   }
   const bool causal = a.has("causal");
+  const bool smooth_k = a.has("smooth-k");
   const auto seed = static_cast<uint64_t>(a.get_int("seed", 0, 0, INT64_MAX));
   const std::vector<Recipe> recipes = parse_recipes(a);
   const std::vector<InputKind> inputs = parse_input_kinds(a);
@@ -99,9 +101,10 @@ int cmd_grad(const std::vector<std::string>& argv) {
   bopt.arithmetic =
       arith == "fp8" ? BackwardArithmetic::kEmulatedFp8 : BackwardArithmetic::kFloat64;
 
-  std::printf("fp4attn grad: b=%lld h=%lld s=%lld d=%lld %s, seed %llu, d-source %s, %s\n",
+  std::printf("fp4attn grad: b=%lld h=%lld s=%lld d=%lld %s%s, seed %llu, d-source %s, %s\n",
               (long long)b, (long long)h, (long long)s, (long long)d,
-              causal ? "causal" : "non-causal", (unsigned long long)seed, d_source.c_str(),
+              causal ? "causal" : "non-causal", smooth_k ? ", smooth-k" : "",
+              (unsigned long long)seed, d_source.c_str(),
               arith == "fp8" ? "emulated FP8 backward (the GPU's operands)" : "float64 backward");
   std::printf("golden forward + backward of each recipe against float64 exact attention\n\n");
   std::printf("%-11s %-13s %9s %9s %9s %9s %9s %9s %9s\n", "recipe", "input", "dq-cos", "dq-rl2",
@@ -129,6 +132,7 @@ int cmd_grad(const std::vector<std::string>& argv) {
       RecipeOptions opt;
       opt.recipe = r;
       opt.causal = causal;
+      opt.smooth_k = smooth_k;
       const auto t0 = std::chrono::steady_clock::now();
       std::vector<double> o(nq), lse(nlse), gq(nq), gk(nq), gv(nq);
       const TensorView o_v = make_view(o.data(), DType::kF64, {b, s, h, d});
@@ -176,7 +180,8 @@ int cmd_grad(const std::vector<std::string>& argv) {
     for (size_t i = 0; i < rows.size(); ++i) {
       const GradRow& r = rows[i];
       out << (i ? "," : "") << "\n  {\"recipe\": \"" << r.recipe << "\", \"input\": \"" << r.input
-          << "\", \"causal\": " << (causal ? "true" : "false") << ", ";
+          << "\", \"causal\": " << (causal ? "true" : "false")
+          << ", \"smooth_k\": " << (smooth_k ? "true" : "false") << ", ";
       if (!r.refused.empty()) {
         out << "\"refused\": \"" << r.refused << "\"}";
       } else {

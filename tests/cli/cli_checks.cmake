@@ -60,3 +60,6 @@ expect_run(2 "--recipe: unknown recipe 'fp3'" grad --recipe fp3)
 expect_run(2 "--d-source: expected forward-o or high-precision-o, got 'exact-o'" grad
            --d-source exact-o)
 expect_run(2 "--arithmetic: expected fp8 or f64, got 'fp16'" grad --arithmetic fp16)
+expect_run(0 "non-causal, smooth-k" grad --recipe fp8 --seqlen 32 --heads 1 --head-dim 64
+           --smooth-k)
+expect_run(2 "--smooth-k: takes no value" grad --smooth-k=1)
