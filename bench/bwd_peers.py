@@ -461,6 +461,8 @@ def main(argv=None):
             "outside the events, backward alone between them; median of the samples",
         },
     )
+    if device.type != "cuda":
+        doc["device"] = "cpu"  # a CPU smoke run names the CPU, also on a machine with a GPU
     doc.pop("part")
     doc.update(
         {

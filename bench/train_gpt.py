@@ -50,7 +50,7 @@ def load_corpus(root: str | None, max_bytes: int):
         raise SystemExit(f"--corpus: no .py files under {root}")
     train, held = bytearray(), bytearray()
     for path in files:
-        if len(train) + len(held) >= max_bytes:
+        if len(train) + len(held) >= max_bytes and held:  # at least one held-out file
             break
         try:
             with open(path, "rb") as f:
