@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "cuda/backward/bwd_bits.h"
+
 namespace fp4attn::bwd {
 
 __device__ __forceinline__ float load16(const uint16_t* p, bool f16) {
@@ -55,6 +57,17 @@ __device__ __forceinline__ float warp_max(float x) {
 __device__ __forceinline__ float warp_sum(float x) {
   for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
+}
+
+// The amax pass's end of a head: the warp's max |dS k_scale| and |dS q_scale| into the (batch,
+// head) amax record `rec` (every lane of the warp calls it).
+__device__ __forceinline__ void flush_ds_amax(float* rec, float m_k, float m_q) {
+  m_k = warp_max(m_k);
+  m_q = warp_max(m_q);
+  if (threadIdx.x % 32 == 0) {
+    if (m_k > 0.f) atomic_max_nonneg(rec + kAmaxDsK, m_k);
+    if (m_q > 0.f) atomic_max_nonneg(rec + kAmaxDsQ, m_q);
+  }
 }
 
 }  // namespace fp4attn::bwd

@@ -295,15 +295,7 @@ __global__ void __launch_bounds__(kMainThreads) bwd_main_kernel(BwdParams p) {
       if (p.deterministic) pass_turn(turn);
     }
 
-    if (kAmax) {
-      m_k = warp_max(m_k);
-      m_q = warp_max(m_q);
-      if (lane == 0) {
-        float* r = p.amax + bh * kAmaxSlots;
-        if (m_k > 0.f) atomic_max_nonneg(r + kAmaxDsK, m_k);
-        if (m_q > 0.f) atomic_max_nonneg(r + kAmaxDsQ, m_q);
-      }
-    }
+    if (kAmax) flush_ds_amax(p.amax + bh * kAmaxSlots, m_k, m_q);
   }
   if constexpr (!kAmax) {
     store_kv_grads<D>(p, acc_dk, acc_dv, u_dk, u_dv, bb, hk, n0 + warp * 16 + g, t);

@@ -785,13 +785,7 @@ __device__ __forceinline__ void v2_consume_amax(const BwdParams& p, V2Smem<D, tr
       if (p.dsum_hp != nullptr) v2_add_d_hp<D>(p, sm, sc, dp, local, cw, n, bh, mb);
       ++local;
     }
-    m_k = warp_max(m_k);
-    m_q = warp_max(m_q);
-    if (lane == 0) {
-      float* r = p.amax + bh * kAmaxSlots;
-      if (m_k > 0.f) atomic_max_nonneg(r + kAmaxDsK, m_k);
-      if (m_q > 0.f) atomic_max_nonneg(r + kAmaxDsQ, m_q);
-    }
+    flush_ds_amax(p.amax + bh * kAmaxSlots, m_k, m_q);
   }
 }
 
