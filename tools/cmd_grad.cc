@@ -33,6 +33,9 @@ const std::vector<FlagSpec> kGradFlags = {
     {"d-source", true, "D of the backward: 'forward-o' (the forward's O) or 'high-precision-o'",
      "forward-o"},
     {"smooth-k", false, "K smoothing (the recipe's K minus its mean per head, numerics.md §3)", ""},
+    {"ds-scales", true,
+     "dS's power-of-two scales (fp8 arithmetic): 'per-head' (the GPU's today) or 'per-tile'",
+     "per-head"},
     {"arithmetic", true,
      "the golden backward's GEMMs: 'fp8' (the GPU's FP8 operands) or 'f64' (float64)", "fp8"},
     {"json", true, "also write the results as JSON to this file", ""},
@@ -100,12 +103,18 @@ int cmd_grad(const std::vector<std::string>& argv) {
   }
   bopt.arithmetic =
       arith == "fp8" ? BackwardArithmetic::kEmulatedFp8 : BackwardArithmetic::kFloat64;
+  const std::string ds_scales = a.get("ds-scales", "per-head");
+  if (ds_scales != "per-head" && ds_scales != "per-tile") {
+    throw UsageError("--ds-scales: expected per-head or per-tile, got '" + ds_scales + "'");
+  }
+  bopt.ds_scales = ds_scales == "per-tile" ? DsScales::kPerTile : DsScales::kPerHead;
 
-  std::printf("fp4attn grad: b=%lld h=%lld s=%lld d=%lld %s%s, seed %llu, d-source %s, %s\n",
+  std::printf("fp4attn grad: b=%lld h=%lld s=%lld d=%lld %s%s, seed %llu, d-source %s, %s%s\n",
               (long long)b, (long long)h, (long long)s, (long long)d,
               causal ? "causal" : "non-causal", smooth_k ? ", smooth-k" : "",
               (unsigned long long)seed, d_source.c_str(),
-              arith == "fp8" ? "emulated FP8 backward (the GPU's operands)" : "float64 backward");
+              arith == "fp8" ? "emulated FP8 backward (the GPU's operands)" : "float64 backward",
+              ds_scales == "per-tile" ? ", dS scales per tile" : "");
   std::printf("golden forward + backward of each recipe against float64 exact attention\n\n");
   std::printf("%-11s %-13s %9s %9s %9s %9s %9s %9s %9s\n", "recipe", "input", "dq-cos", "dq-rl2",
               "dk-cos", "dk-rl2", "dv-cos", "dv-rl2", "ms");
@@ -176,7 +185,8 @@ int cmd_grad(const std::vector<std::string>& argv) {
         << ",\n \"dout\": \"N(0,1): suite_normal(seed, stream 101, flat BSHD index)\""
         << ",\n \"shape\": {\"b\": " << b << ", \"h\": " << h << ", \"s\": " << s
         << ", \"d\": " << d << "}, \"d_source\": \"" << d_source << "\", \"arithmetic\": \""
-        << arith << "\", \"seconds\": " << total_s << ",\n \"records\": [";
+        << arith << "\", \"ds_scales\": \"" << ds_scales << "\", \"seconds\": " << total_s
+        << ",\n \"records\": [";
     for (size_t i = 0; i < rows.size(); ++i) {
       const GradRow& r = rows[i];
       out << (i ? "," : "") << "\n  {\"recipe\": \"" << r.recipe << "\", \"input\": \"" << r.input

@@ -84,6 +84,54 @@ void grads_f64(const Task& t, const HeadGrads& g, const std::vector<double>& qe,
   }
 }
 
+// DsScales::kPerTile: the exponents of dS's E4M3 operands per tile of kTileQueries x kTileKeys
+// (the v2 kernel's step: 64 queries of one head against its CTA's 128 keys). dQ's: the tile's own
+// amax of |dS k_scale|. dK's: per key block, the running minimum over the head's query blocks in
+// ascending order (the kernel's step order) of the tiles' exponents for |dS q_scale|; tiles whose
+// dS is all zero (masked) leave it unchanged.
+constexpr int64_t kTileQueries = 64, kTileKeys = 128;
+struct TileExponents {
+  int64_t key_blocks = 0;
+  std::vector<int> e_dq, e_dk;  // [query block][key block]
+  int dq(int64_t i, int64_t j) const {
+    return e_dq[(i / kTileQueries) * key_blocks + j / kTileKeys];
+  }
+  int dk(int64_t i, int64_t j) const {
+    return e_dk[(i / kTileQueries) * key_blocks + j / kTileKeys];
+  }
+};
+
+TileExponents tile_exponents(const AttentionShape& sh, const std::vector<double>& ds_k,
+                             const std::vector<double>& ds_q) {
+  TileExponents t;
+  const int64_t qb_n = (sh.s_q + kTileQueries - 1) / kTileQueries;
+  t.key_blocks = (sh.s_k + kTileKeys - 1) / kTileKeys;
+  t.e_dq.assign(qb_n * t.key_blocks, 0);
+  t.e_dk.assign(qb_n * t.key_blocks, 0);
+  for (int64_t kb = 0; kb < t.key_blocks; ++kb) {
+    bool set = false;
+    int running = 0;
+    for (int64_t qb = 0; qb < qb_n; ++qb) {
+      double m_k = 0, m_q = 0;
+      for (int64_t i = qb * kTileQueries; i < std::min(sh.s_q, (qb + 1) * kTileQueries); ++i) {
+        for (int64_t j = kb * kTileKeys; j < std::min(sh.s_k, (kb + 1) * kTileKeys); ++j) {
+          m_k = std::max(m_k, std::abs(ds_k[i * sh.s_k + j]));
+          m_q = std::max(m_q, std::abs(ds_q[i * sh.s_k + j]));
+        }
+      }
+      const int64_t x = qb * t.key_blocks + kb;
+      t.e_dq[x] = golden::pow2_scale_exp(m_k, golden::kE4m3TopLog2);
+      if (m_q > 0) {
+        const int e = golden::pow2_scale_exp(m_q, golden::kE4m3TopLog2);
+        running = set ? std::min(running, e) : e;
+        set = true;
+      }
+      t.e_dk[x] = running;
+    }
+  }
+  return t;
+}
+
 // Gradients with the GPU's operands: P and dS in E4M3, dO in E5M2, each scaled by a power of two
 // that the float64 epilogue undoes (numerics.md §8). Per-token factors of K (Q) sit on dQ's (dK's)
 // contraction index, so they are folded into dS before rounding, and V's per-channel factor into
@@ -157,15 +205,20 @@ void grads_emulated(const Task& t, HeadGrads* g, const Operand& qo, const Operan
   } else {
     *drow = d_fwd;
   }
-  const double dq_unscale = t.scale * std::ldexp(1.0, -h_dq);
-  const double dk_unscale = t.scale * std::ldexp(1.0, -h_dk);
+  // The exponents of element (i, j): per head, or per tile (DsScales::kPerTile, from the final dS).
+  const bool per_tile = scaled && t.bopt->ds_scales == DsScales::kPerTile;
+  const TileExponents tiles = per_tile ? tile_exponents(sh, ds_k, ds_q) : TileExponents{};
   const double dv_unscale = std::ldexp(1.0, -(lift + g_do));
   for (int64_t i = 0; i < sh.s_q; ++i) {
     const int64_t n = visible_keys(sh, t.opt->causal, i);
     for (int64_t j = 0; j < n; ++j) {
-      const double a = golden::e4m3_scaled(ds_k[i * sk + j], h_dq);
-      const double b = golden::e4m3_scaled(ds_q[i * sk + j], h_dk);
+      const int e_dq = per_tile ? tiles.dq(i, j) : h_dq;
+      const int e_dk = per_tile ? tiles.dk(i, j) : h_dk;
+      const double a = golden::e4m3_scaled(ds_k[i * sk + j], e_dq);
+      const double b = golden::e4m3_scaled(ds_q[i * sk + j], e_dk);
       const double p8 = golden::e4m3_scaled(g->p[i * sk + j], lift);
+      const double dq_unscale = t.scale * std::ldexp(1.0, -e_dq);
+      const double dk_unscale = t.scale * std::ldexp(1.0, -e_dk);
       for (int64_t c = 0; c < d; ++c) {
         (*dq)[i * d + c] += dq_unscale * a * ko.val[j * d + c];
         dk[j * d + c] += dk_unscale * b * qo.val[i * d + c];

@@ -158,5 +158,43 @@ INSTANTIATE_TEST_SUITE_P(Recipes, BackwardEmulated,
                            return s;
                          });
 
+// DsScales::kPerTile: dO 2^-16 smaller in the first 64 queries than in the next 64. One exponent
+// per head (set by the large block) leaves the small block's dS mostly below E4M3's subnormals,
+// so its dQ rows are mostly error; an exponent per 64-query tile keeps them as accurate as the
+// others. With uniform dO the two granularities agree closely.
+TEST(BackwardEmulatedDsScales, PerTileKeepsSmallTilesAccurate) {
+  Problem p;
+  p.s_q = 128, p.s_k = 160, p.h = p.h_kv = 1;
+  Inputs in = make_problem_inputs(p, 1e-3);
+  const RecipeOptions opt = recipe_options(Recipe::kFp8);
+  Forward f = golden_forward(p, in, opt);
+  BackwardOptions head;
+  head.arithmetic = BackwardArithmetic::kEmulatedFp8;
+  BackwardOptions tile = head;
+  tile.ds_scales = DsScales::kPerTile;
+  auto rows_rel_l2 = [&](const Grads& got, const Grads& want, int64_t i0, int64_t i1) {
+    const int64_t a = i0 * p.d, n = (i1 - i0) * p.d;
+    return compare(got.dq.data() + a, want.dq.data() + a, n).rel_l2;
+  };
+  {
+    const Grads want = golden_backward(p, in, f, opt);
+    const double e_head = rows_rel_l2(golden_backward(p, in, f, opt, head), want, 0, 128);
+    const double e_tile = rows_rel_l2(golden_backward(p, in, f, opt, tile), want, 0, 128);
+    EXPECT_LT(e_tile, 0.09);
+    EXPECT_NEAR(e_tile, e_head, 0.02) << "uniform dO: the granularity should hardly matter";
+  }
+  for (int64_t x = 0; x < 64 * p.d; ++x) in.dout[x] = std::ldexp(in.dout[x], -16);
+  const Grads want = golden_backward(p, in, f, opt);
+  const Grads g_head = golden_backward(p, in, f, opt, head);
+  const Grads g_tile = golden_backward(p, in, f, opt, tile);
+  const double head_small = rows_rel_l2(g_head, want, 0, 64);
+  const double tile_small = rows_rel_l2(g_tile, want, 0, 64);
+  std::printf("dQ rel-L2 of the small tile: per head %.4f, per tile %.4f\n", head_small,
+              tile_small);
+  EXPECT_GT(head_small, 0.5);
+  EXPECT_LT(tile_small, 0.09);
+  EXPECT_LT(rows_rel_l2(g_tile, want, 64, 128), 0.09);  // the large tile as before
+}
+
 }  // namespace
 }  // namespace fp4attn::bwd_test
