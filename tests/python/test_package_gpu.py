@@ -10,10 +10,13 @@ import fp4attn
 from fp4attn import _ops
 from package_util import qkv, rel_l2, sdpa_bshd, tolerance
 
-pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() and fp4attn._C.has_cuda_attention()),
-    reason="needs a CUDA GPU and an fp4attn build with the GPU engine",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() and fp4attn._C.has_cuda_attention()),
+        reason="needs a CUDA GPU and an fp4attn build with the GPU engine",
+    ),
+    pytest.mark.usefixtures("hopper"),  # conftest.py: skips unless the device runs the engine
+]
 
 MAX_REL_L2_VS_GOLDEN = 0.015  # tests/cuda/test_fwd_gpu.cu: Hopper's FP8 MMA vs float64
 MAX_LSE_ABS_VS_GOLDEN = 2e-3
@@ -28,12 +31,6 @@ def gpu_qkv(dtype=torch.bfloat16, **kw):
     return [t.to(dtype).cuda() for t in qkv(**kw)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def hopper():
-    try:
-        fp4attn._C.check_forward_device()
-    except ValueError as e:
-        pytest.skip(str(e))
 
 
 @pytest.mark.parametrize("recipe", fp4attn.RECIPES)

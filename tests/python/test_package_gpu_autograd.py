@@ -17,10 +17,13 @@ import fp4attn
 from fp4attn import _ops
 from package_util import qkv, rel_l2, sdpa_bshd
 
-pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() and fp4attn._C.has_cuda_attention()),
-    reason="needs a CUDA GPU and an fp4attn build with the GPU engine",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() and fp4attn._C.has_cuda_attention()),
+        reason="needs a CUDA GPU and an fp4attn build with the GPU engine",
+    ),
+    pytest.mark.usefixtures("hopper"),  # conftest.py: skips unless the device runs the engine
+]
 
 GPU_BACKWARD_RECIPES = ("fp8", "nvfp4", "nvfp4-hx", "mxfp4")
 # test_package_gpu.py's bounds: the engine against the golden model (forward), and the GPU
@@ -34,14 +37,6 @@ SHAPES = {  # (b, s_q, s_k, h, h_kv, d): GQA, odd lengths, both head dims
     "gqa-d64": (2, 200, 333, 8, 2, 64),
     "mha-d128": (1, 129, 257, 4, 4, 128),
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def hopper():
-    try:
-        fp4attn._C.check_forward_device()
-    except ValueError as e:
-        pytest.skip(str(e))
 
 
 @contextlib.contextmanager
