@@ -150,13 +150,7 @@ constexpr int kEpilogueBarrier = 3;
 template <int D, int SN>
 __device__ __forceinline__ void issue_qk(float (&s)[SN], uint64_t desc_q, uint64_t desc_k) {
 #pragma unroll
-  for (int kk = 0; kk < D / 32; ++kk) {
-    if constexpr (SN == 128) {
-      wgmma_m64n256k32_ss(s, desc_q + 2 * kk, desc_k + 2 * kk, kk > 0);
-    } else {
-      wgmma_m64n128k32_ss(s, desc_q + 2 * kk, desc_k + 2 * kk, kk > 0);
-    }
-  }
+  for (int kk = 0; kk < D / 32; ++kk) wgmma_ss<2 * SN>(s, desc_q + 2 * kk, desc_k + 2 * kk, kk > 0);
   wgmma_commit();
 }
 
@@ -166,17 +160,8 @@ __device__ __forceinline__ void issue_pv(float (&o)[ON], const uint32_t (&pa)[PS
                                          const uint64_t (&desc_v)[PS / 4]) {
 #pragma unroll
   for (int kk = 0; kk < PS; ++kk) {
-    const uint64_t desc = desc_v[kk / 4] + 2 * (kk % 4);
-    if constexpr (ON == 64) {
-      wgmma_m64n128k32_rs(o, pa[kk], desc, 1);
-    } else if constexpr (ON == 32) {
-      wgmma_m64n64k32_rs(o, pa[kk], desc, 1);
-    } else if constexpr (ON == 68) {
-      wgmma_m64n136k32_rs(o, pa[kk], desc, 1);
-    } else {
-      static_assert(ON == 36, "O accumulator of d = 64 or 128 (+ 8 ones columns)");
-      wgmma_m64n72k32_rs(o, pa[kk], desc, 1);
-    }
+    // O: d = 64 or 128 columns, + 8 ones columns on the row-sum paths (N = 72, 136).
+    wgmma_rs<2 * ON>(o, pa[kk], desc_v[kk / 4] + 2 * (kk % 4), 1);
   }
   wgmma_commit();
 }

@@ -23,12 +23,12 @@
 #include <type_traits>
 
 #include "cuda/attention/ptx.cuh"
+#include "cuda/attention/wgmma_fp8.cuh"
 #include "cuda/backward/bwd_bits.h"
 #include "cuda/backward/bwd_device.cuh"
 #include "cuda/backward/bwd_params.h"
 #include "cuda/backward/mma_fp8.cuh"
 #include "cuda/backward/v2_layout.h"
-#include "cuda/backward/wgmma_bwd.cuh"
 
 namespace fp4attn::bwd {
 
@@ -472,12 +472,12 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 32; ++kk) {
-        wgmma_ss<64, false>(sc, v2_desc_at(desc_k, kk), v2_desc_at(desc_q, kk), kk > 0);
+        sm90::wgmma_ss<64, false>(sc, v2_desc_at(desc_k, kk), v2_desc_at(desc_q, kk), kk > 0);
       }
       sm90::wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < D / 32; ++kk) {
-        wgmma_ss<64, true>(dp, v2_desc_at(desc_v, kk), v2_desc_at(desc_dov, kk), kk > 0);
+        sm90::wgmma_ss<64, true>(dp, v2_desc_at(desc_v, kk), v2_desc_at(desc_dov, kk), kk > 0);
       }
       sm90::wgmma_commit();
 
@@ -557,9 +557,11 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
       const uint64_t desc_qt = sm90::make_kmajor_desc(sm.st[s].qt, kV2Queries);
       sm90::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < 2; ++kk) wgmma_rs<D, true>(dv, pa[kk], v2_desc_at(desc_dot, kk), 1);
+      for (int kk = 0; kk < 2; ++kk)
+        sm90::wgmma_rs<D, true>(dv, pa[kk], v2_desc_at(desc_dot, kk), 1);
 #pragma unroll
-      for (int kk = 0; kk < 2; ++kk) wgmma_rs<D, false>(dk, da[kk], v2_desc_at(desc_qt, kk), 1);
+      for (int kk = 0; kk < 2; ++kk)
+        sm90::wgmma_rs<D, false>(dk, da[kk], v2_desc_at(desc_qt, kk), 1);
       sm90::wgmma_commit();
 
       // dQ: both warpgroups' dS bytes (generic-proxy writes) before the wgmma reads them. With
@@ -573,7 +575,7 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kV2Keys / 32; ++kk) {
-        wgmma_ss<D / 2, false>(dq, v2_desc_at(desc_ds, kk), v2_desc_at(desc_kt, kk), kk > 0);
+        sm90::wgmma_ss<D / 2, false>(dq, v2_desc_at(desc_ds, kk), v2_desc_at(desc_kt, kk), kk > 0);
       }
       sm90::wgmma_commit();
       sm90::wgmma_wait<0>();
@@ -719,7 +721,8 @@ __device__ __forceinline__ void v2_consume_amax(const BwdParams& p, V2Smem<D, tr
       for (int r = 0; r < 2; ++r) {
 #pragma unroll
         for (int kk = 0; kk < D / 32; ++kk) {
-          wgmma_ss<64, false>(sc[r], v2_desc_at(desc_k[r], kk), v2_desc_at(desc_q, kk), kk > 0);
+          sm90::wgmma_ss<64, false>(sc[r], v2_desc_at(desc_k[r], kk), v2_desc_at(desc_q, kk),
+                                    kk > 0);
         }
       }
       sm90::wgmma_commit();
@@ -727,7 +730,8 @@ __device__ __forceinline__ void v2_consume_amax(const BwdParams& p, V2Smem<D, tr
       for (int r = 0; r < 2; ++r) {
 #pragma unroll
         for (int kk = 0; kk < D / 32; ++kk) {
-          wgmma_ss<64, true>(dp[r], v2_desc_at(desc_v[r], kk), v2_desc_at(desc_dov, kk), kk > 0);
+          sm90::wgmma_ss<64, true>(dp[r], v2_desc_at(desc_v[r], kk), v2_desc_at(desc_dov, kk),
+                                   kk > 0);
         }
       }
       sm90::wgmma_commit();
