@@ -1,5 +1,6 @@
 #include "cli_inputs.h"
 
+#include <cstdint>
 #include <iterator>
 #include <string>
 
@@ -25,6 +26,32 @@ std::vector<Recipe> parse_recipes(const Args& a) {
     throw UsageError("--recipe: unknown recipe '" + name + "' (see fp4attn recipes)");
   }
   return {r};
+}
+
+SuiteShape parse_suite_shape(const Args& a) {
+  SuiteShape sh;
+  sh.b = a.get_int("batch", 1, 0, 1 << 20);
+  sh.h = a.get_int("heads", 4, 1, 4096);
+  sh.s = a.get_int("seqlen", 1024, 0, int64_t(1) << 31);
+  sh.d = a.get_int("head-dim", 128, 1, 4096);
+  if (sh.d != 64 && sh.d != 128) {
+    throw UsageError("--head-dim: expected 64 or 128, got " + std::to_string(sh.d));
+  }
+  sh.causal = a.has("causal");
+  sh.seed = static_cast<uint64_t>(a.get_int("seed", 0, 0, INT64_MAX));
+  return sh;
+}
+
+std::vector<FlagSpec> with_suite_shape_flags(std::vector<FlagSpec> own) {
+  std::vector<FlagSpec> all = {
+      {"batch", true, "batch size", "1"},
+      {"heads", true, "query and key/value heads", "4"},
+      {"seqlen", true, "query and key tokens per sequence", "1024"},
+      {"head-dim", true, "64 or 128", "128"},
+      {"causal", false, "causal mask", ""},
+  };
+  all.insert(all.end(), own.begin(), own.end());
+  return all;
 }
 
 }  // namespace fp4attn::cli

@@ -18,19 +18,14 @@
 namespace fp4attn::cli {
 namespace {
 
-const std::vector<FlagSpec> kEmulationFlags = {
-    {"batch", true, "batch size", "1"},
-    {"heads", true, "query and key/value heads", "4"},
-    {"seqlen", true, "query and key tokens per sequence", "1024"},
-    {"head-dim", true, "64 or 128", "128"},
-    {"causal", false, "causal mask", ""},
+const std::vector<FlagSpec> kEmulationFlags = with_suite_shape_flags({
     {"recipe", true, "a recipe name or 'fp4' (nvfp4, nvfp4-hx, mxfp4, nvfp4-all, fp4-direct)",
      "fp4"},
     {"input", true, "gaussian, outliers, large-logits, near-uniform or 'all'", "gaussian"},
     {"seed", true, "input seed", "0"},
     {"json", true, "also write the results as JSON to this file", ""},
     {"help", false, "show this help", ""},
-};
+});
 
 // The recipes with a Blackwell block-scaled counterpart (nvfp4-fast shares nvfp4's operands).
 constexpr Recipe kFp4Recipes[] = {Recipe::kNvfp4, Recipe::kNvfp4Hx, Recipe::kMxfp4,
@@ -76,15 +71,7 @@ int cmd_emulation(const std::vector<std::string>& argv) {
                           .c_str());
     return 0;
   }
-  const int64_t b = a.get_int("batch", 1, 0, 1 << 20);
-  const int64_t h = a.get_int("heads", 4, 1, 4096);
-  const int64_t s = a.get_int("seqlen", 1024, 0, int64_t(1) << 31);
-  const int64_t d = a.get_int("head-dim", 128, 1, 4096);
-  if (d != 64 && d != 128) {
-    throw UsageError("--head-dim: expected 64 or 128, got " + std::to_string(d));
-  }
-  const bool causal = a.has("causal");
-  const auto seed = static_cast<uint64_t>(a.get_int("seed", 0, 0, INT64_MAX));
+  const auto [b, h, s, d, causal, seed] = parse_suite_shape(a);
   std::vector<Recipe> recipes(std::begin(kFp4Recipes), std::end(kFp4Recipes));
   if (const std::string name = a.get("recipe", "fp4"); name != "fp4") {
     recipes.assign(1, Recipe::kNvfp4);

@@ -21,12 +21,7 @@
 namespace fp4attn::cli {
 namespace {
 
-const std::vector<FlagSpec> kGradFlags = {
-    {"batch", true, "batch size", "1"},
-    {"heads", true, "query and key/value heads", "4"},
-    {"seqlen", true, "query and key tokens per sequence", "1024"},
-    {"head-dim", true, "64 or 128", "128"},
-    {"causal", false, "causal mask", ""},
+const std::vector<FlagSpec> kGradFlags = with_suite_shape_flags({
     {"recipe", true, "a recipe name (fp4attn recipes) or 'all'", "all"},
     {"input", true, "gaussian, outliers, large-logits, near-uniform or 'all'", "gaussian"},
     {"seed", true, "input seed; dO uses the same seed (see --help)", "0"},
@@ -40,7 +35,7 @@ const std::vector<FlagSpec> kGradFlags = {
      "the golden backward's GEMMs: 'fp8' (the GPU's FP8 operands) or 'f64' (float64)", "fp8"},
     {"json", true, "also write the results as JSON to this file", ""},
     {"help", false, "show this help", ""},
-};
+});
 
 constexpr const char* kGradUsage =
     "usage: fp4attn grad [flags]\n\n"
@@ -79,16 +74,8 @@ int cmd_grad(const std::vector<std::string>& argv) {
     std::printf("%s", format_help(kGradUsage, kGradFlags).c_str());
     return 0;
   }
-  const int64_t b = a.get_int("batch", 1, 0, 1 << 20);
-  const int64_t h = a.get_int("heads", 4, 1, 4096);
-  const int64_t s = a.get_int("seqlen", 1024, 0, int64_t(1) << 31);
-  const int64_t d = a.get_int("head-dim", 128, 1, 4096);
-  if (d != 64 && d != 128) {
-    throw UsageError("--head-dim: expected 64 or 128, got " + std::to_string(d));
-  }
-  const bool causal = a.has("causal");
+  const auto [b, h, s, d, causal, seed] = parse_suite_shape(a);
   const bool smooth_k = a.has("smooth-k");
-  const auto seed = static_cast<uint64_t>(a.get_int("seed", 0, 0, INT64_MAX));
   const std::vector<Recipe> recipes = parse_recipes(a);
   const std::vector<InputKind> inputs = parse_input_kinds(a);
   BackwardOptions bopt;
