@@ -38,6 +38,25 @@ constexpr int kV2DsBarrier = 1;
 constexpr int kV2TurnBarrier = 2;
 constexpr int kV2DqBarrier = 3;
 
+// Barrier kBase + cw over warpgroup cw's 128 threads: sync (wait) or arrive. The id is an
+// immediate, so that ptxas counts the barriers the kernel names, not all 16.
+template <int kBase>
+__device__ __forceinline__ void v2_wg_sync(int cw) {
+  if (cw == 0) {
+    asm volatile("bar.sync %0, 128;" ::"n"(kBase) : "memory");
+  } else {
+    asm volatile("bar.sync %0, 128;" ::"n"(kBase + 1) : "memory");
+  }
+}
+template <int kBase>
+__device__ __forceinline__ void v2_wg_arrive(int cw) {
+  if (cw == 0) {
+    asm volatile("bar.arrive %0, 128;" ::"n"(kBase) : "memory");
+  } else {
+    asm volatile("bar.arrive %0, 128;" ::"n"(kBase + 1) : "memory");
+  }
+}
+
 // Bulk-async helpers of the dQ reduce (the issuing thread's bulk group).
 // dq_acc box (c0 channel, c1 query, c2 batch * head) += the swizzled FP32 box at src.
 __device__ __forceinline__ void v2_tma_reduce_add_3d(const CUtensorMap* map, const void* src,
@@ -271,18 +290,11 @@ __device__ __forceinline__ void v2_add_dq_bulk(const BwdParams& p, const CUtenso
     }
   }
   sm90::fence_async_shared();  // the generic-proxy writes, before the bulk reduce reads them
-  // Warp 0 (the issuer's) waits for the warpgroup's writes; warps 1-3 only arrive. Barrier ids
-  // as immediates, so that ptxas counts 5 barriers, not all 16.
+  // Warp 0 (the issuer's) waits for the warpgroup's writes; warps 1-3 only arrive.
   if (warp == 0) {
-    if (cw == 0) {
-      asm volatile("bar.sync %0, 128;" ::"n"(kV2DqBarrier) : "memory");
-    } else {
-      asm volatile("bar.sync %0, 128;" ::"n"(kV2DqBarrier + 1) : "memory");
-    }
-  } else if (cw == 0) {
-    asm volatile("bar.arrive %0, 128;" ::"n"(kV2DqBarrier) : "memory");
+    v2_wg_sync<kV2DqBarrier>(cw);
   } else {
-    asm volatile("bar.arrive %0, 128;" ::"n"(kV2DqBarrier + 1) : "memory");
+    v2_wg_arrive<kV2DqBarrier>(cw);
   }
   if (tid == 0) {
     // Deterministic: this warpgroup's turn of the query block (the pointer formed at each use).
@@ -611,24 +623,6 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
   v2_store_kv<D>(p, dk, dv, u_dk(last), u_dv(last), bb, hk, n0 + key_l, t);
 }
 
-// Amax pass, deterministic D_hp: this warpgroup's turn (its first thread spins; a barrier over
-// its 128 threads; barrier ids as immediates).
-__device__ __forceinline__ void v2_wg_barrier(int id_base, int cw) {
-  if (cw == 0) {
-    if (id_base == kV2DsBarrier) {
-      asm volatile("bar.sync %0, 128;" ::"n"(kV2DsBarrier) : "memory");
-    } else {
-      asm volatile("bar.sync %0, 128;" ::"n"(kV2DqBarrier) : "memory");
-    }
-  } else {
-    if (id_base == kV2DsBarrier) {
-      asm volatile("bar.sync %0, 128;" ::"n"(kV2DsBarrier + 1) : "memory");
-    } else {
-      asm volatile("bar.sync %0, 128;" ::"n"(kV2DqBarrier + 1) : "memory");
-    }
-  }
-}
-
 // DSource::kHighPrecisionO, amax pass: D_hp_i += sum over the CTA's 128 keys of p_ij dP_ij (the p
 // and dP of dS: P masked, dP * 2^-g'; pv holds 2^8 p, the sum is scaled back exactly), one add per
 // query row and CTA, from the warpgroup that ran the step (both tiles of 64 keys). Per thread, the
@@ -657,7 +651,7 @@ __device__ __forceinline__ void v2_add_d_hp(const BwdParams& p, V2Smem<D, true>&
   auto red = reinterpret_cast<float(*)[2][4][kV2Queries]>(&sm.ds[0][0]);
   *reinterpret_cast<float2*>(&red[cw][local & 1][warp][d_hp_col(g, t, 0)]) =
       make_float2(v[0], v[1]);
-  v2_wg_barrier(kV2DsBarrier, cw);
+  v2_wg_sync<kV2DsBarrier>(cw);
   int* turn =
       p.dsum_hp_turn != nullptr ? p.dsum_hp_turn + bh * (p.s_q_pad / kV2Queries) + mb : nullptr;
   if (turn != nullptr) {
@@ -667,7 +661,7 @@ __device__ __forceinline__ void v2_add_d_hp(const BwdParams& p, V2Smem<D, true>&
         asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(x) : "l"(turn) : "memory");
       } while (x != n);
     }
-    v2_wg_barrier(kV2DqBarrier, cw);
+    v2_wg_sync<kV2DqBarrier>(cw);
   }
   const int i = mb * kV2Queries + tid;
   if (tid < kV2Queries && i < p.s_q) {
@@ -680,7 +674,7 @@ __device__ __forceinline__ void v2_add_d_hp(const BwdParams& p, V2Smem<D, true>&
   }
   if (turn != nullptr) {
     __threadfence();
-    v2_wg_barrier(kV2DqBarrier, cw);
+    v2_wg_sync<kV2DqBarrier>(cw);
     if (tid == 0) atomicAdd(turn, 1);
   }
 }
