@@ -163,8 +163,12 @@ struct GoldenGrads {
   std::vector<double> dq, dk, dv;
 };
 
+// The golden model of kernel v1 (dS scales per head) or v2 (per tile, DsScales::kPerTile).
+DsScales ds_scales_of(int kernel) { return kernel == 1 ? DsScales::kPerHead : DsScales::kPerTile; }
+
 GoldenGrads run_golden(const Problem& pb, Inputs& in, BackwardArithmetic arith,
-                       DSource d_source = DSource::kForwardO) {
+                       DSource d_source = DSource::kForwardO,
+                       DsScales ds_scales = DsScales::kPerTile) {
   GoldenGrads g;
   g.dq.resize(pb.nq());
   g.dk.resize(pb.nk());
@@ -175,6 +179,7 @@ GoldenGrads run_golden(const Problem& pb, Inputs& in, BackwardArithmetic arith,
   BackwardOptions bopt;
   bopt.arithmetic = arith;
   bopt.d_source = d_source;
+  bopt.ds_scales = ds_scales;
   const Status st = golden_attention_backward(
       make_view(in.q.data(), DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d}),
       make_view(in.k.data(), DType::kBF16, {pb.b, pb.s_k, pb.h_kv, pb.d}),
@@ -224,7 +229,8 @@ TEST_P(BwdGpuShapes, MatchesEmulatedGolden) {
   Grads g;
   const Status st = run_gpu(pb, &in, DType::kF32, false, &g, kernel);
   ASSERT_TRUE(st.ok()) << st.message();
-  const GoldenGrads ref = run_golden(pb, in, BackwardArithmetic::kEmulatedFp8);
+  const GoldenGrads ref = run_golden(pb, in, BackwardArithmetic::kEmulatedFp8, DSource::kForwardO,
+                                     ds_scales_of(kernel));
   expect_close("dq", g.dq, ref.dq);
   expect_close("dk", g.dk, ref.dk);
   expect_close("dv", g.dv, ref.dv);
@@ -412,6 +418,8 @@ TEST(BwdGpu, KernelsAgree) {
       const std::vector<double> ref(v1[i]->begin(), v1[i]->end());
       const ErrorStats s = stats(*v2[i], ref);
       EXPECT_EQ(count_nan(*v2[i]), 0) << names[i];
+      // The two differ by the FP32 sums' order and by dS's scale granularity (v1 per head, v2
+      // per tile): on these inputs both give the golden figures within its tolerance.
       EXPECT_LE(s.rel_l2, kMaxRelL2VsGolden) << names[i] << " v2 vs v1: " << to_string(s);
       std::printf("%s %s v2 vs v1: %s\n", pb.name().c_str(), names[i], to_string(s).c_str());
     }

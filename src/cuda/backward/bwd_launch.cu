@@ -130,14 +130,18 @@ Status run_backward(const ForwardOperands& in, const ForwardOptions& opt, const 
   }
   if (e == cudaSuccess) e = bwd::launch_prep_rows(p, di, stream);
   if (e == cudaSuccess) e = bwd::launch_prep_quant(p, di, stream);
-  const auto run_main = backward_main_kernel(bopt) == 1 ? bwd::launch_main : bwd::launch_main_v2;
-  // kHighPrecisionO: the amax pass adds D_hp (its dS, for the scales, uses D_fwd); the gradient
-  // pass takes D_hp as its D (validate_backward_options refused v1).
+  const bool v1 = backward_main_kernel(bopt) == 1;
+  const auto run_main = v1 ? bwd::launch_main : bwd::launch_main_v2;
+  // v1 scales dS per (batch, head) from its amax pass. v2 scales it per tile in the gradient pass
+  // (golden DsScales::kPerTile) and sums dQ in real units, so it runs the amax pass only for
+  // kHighPrecisionO, whose D_hp that pass adds; the gradient pass takes D_hp as its D
+  // (validate_backward_options refused v1).
+  p.dq_acc_real_units = !v1;
   BwdParams pg = p;
   if (hp) pg.dsum = p.dsum_hp;
   pg.dsum_hp = nullptr;
   pg.dsum_hp_turn = nullptr;
-  if (e == cudaSuccess && sh.s_q > 0) e = run_main(p, di, true, stream);
+  if (e == cudaSuccess && sh.s_q > 0 && (v1 || hp)) e = run_main(p, di, true, stream);
   if (e == cudaSuccess && sh.s_q > 0) e = run_main(pg, di, false, stream);
   if (e == cudaSuccess) e = bwd::launch_dq_convert(p, di, stream);
   Status st = cuda_status(e, "backward kernels");

@@ -33,8 +33,10 @@ struct BwdParams {
   uint8_t* do_v;  // [b, h, s_q_pad, d] E5M2(2^g' dO * v_scale[channel]), pad rows 0
   uint8_t* do_t;  // [b, h, d, s_q_pad] E5M2(2^g dO), queries permuted, pad 0
   uint8_t* q_t;   // [b, h, d, s_q_pad] Q's E4M3 bytes, queries permuted, pad 0
-  float* dq_acc;  // [b, h, s_q, d], zeroed; units 2^-h_dq (dS's scale), times softmax_scale
-  int* dq_turn;   // [b, h, s_q_pad / 32], zeroed (deterministic mode; v2 uses s_q_pad / 64)
+  float* dq_acc;  // [b, h, s_q, d], zeroed; units 2^-h_dq (v1: dS's scale per head; v2: real
+                  // units, its dS scales being per tile), times softmax_scale
+  bool dq_acc_real_units;  // v2: dq_convert applies softmax_scale alone
+  int* dq_turn;  // [b, h, s_q_pad / 32], zeroed (deterministic mode; v2 uses s_q_pad / 64)
 
   // Gradients: BSHD, strides in elements (batch, seq, head); *_f32: FP32 else BF16.
   void* dq;

@@ -1,5 +1,6 @@
-// The backward's last kernel: dq = dq_acc * softmax_scale * 2^-h (h: the (batch, head) scale of
-// the dS operand of dQ = dS K), in the output's dtype and strides.
+// The backward's last kernel: dq = dq_acc * softmax_scale * 2^-h (h: v1's (batch, head) scale of
+// the dS operand of dQ = dS K; v2 sums dq_acc in real units, h = 0), in the output's dtype and
+// strides.
 #include <algorithm>
 
 #include "cuda/backward/bwd_bits.h"
@@ -21,7 +22,8 @@ __global__ void __launch_bounds__(kThreads) dq_convert_kernel(BwdParams p, int d
     const int64_t row = x / lanes;  // (b * h + head) * s_q + i
     const int64_t i = row % p.s_q, bh = row / p.s_q;
     const int bb = int(bh / p.h), hh = int(bh % p.h);
-    const Pow2 unit(-pow2_scale_exp(p.amax[bh * kAmaxSlots + kAmaxDsK], kE4m3Top));
+    const Pow2 unit(
+        p.dq_acc_real_units ? 0 : -pow2_scale_exp(p.amax[bh * kAmaxSlots + kAmaxDsK], kE4m3Top));
     const float4* src = reinterpret_cast<const float4*>(p.dq_acc + row * d + c0);
     const float4 a = src[0], b = src[1];
     float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};

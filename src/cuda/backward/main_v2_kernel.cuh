@@ -36,7 +36,8 @@ namespace fp4attn::bwd {
 // the deterministic dQ turn; consumer warpgroup cw's dQ tile is staged (kV2DqBarrier + cw).
 constexpr int kV2DsBarrier = 1;
 constexpr int kV2TurnBarrier = 2;
-constexpr int kV2DqBarrier = 3;
+constexpr int kV2DqBarrier = 3;       // and 4: per consumer warpgroup
+constexpr int kV2TileMaxBarrier = 5;  // the gradient pass's tile max of |dS| (both warpgroups)
 
 // Barrier kBase + cw over warpgroup cw's 128 threads: sync (wait) or arrive. The id is an
 // immediate, so that ptxas counts the barriers the kernel names, not all 16.
@@ -447,29 +448,27 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
     return -(kPLiftLog2 +
              pow2_scale_exp(p.amax[(int64_t(bb) * p.h + hq) * kAmaxSlots + kAmaxDo], kE5m2Top));
   };
-  auto u_dk = [&](int hq) {
-    return -pow2_scale_exp(p.amax[(int64_t(bb) * p.h + hq) * kAmaxSlots + kAmaxDsQ], kE4m3Top);
-  };
+  // dS's scales per tile (golden DsScales::kPerTile, numerics.md §8): dk * 2^-e_acc *
+  // softmax_scale is dK; within a head the exponent of dK's dS operand is the running minimum of
+  // the tiles' exponents (e_head), and the sums are scaled to it before each dK wgmma.
+  int e_acc = 0;
   int it = 0;
 
   for (int hq = hk * group; hq < (hk + 1) * group; ++hq) {
     const int64_t bh = int64_t(bb) * p.h + hq;
     const float* rec = p.amax + bh * kAmaxSlots;
     const int g_dp = pow2_scale_exp(rec[kAmaxDoFv], kE5m2Top);
-    const int h_dq = pow2_scale_exp(rec[kAmaxDsK], kE4m3Top);
-    const int h_dk = pow2_scale_exp(rec[kAmaxDsQ], kE4m3Top);
-    // Each head's operands carry their own scales: bring the sums to this head's units (a power
-    // of two: exact while in FP32 range). No wgmma is in flight here.
+    // Each head's dO carries its own scale: bring dV's sums to this head's units (a power of two:
+    // exact while in FP32 range). No wgmma is in flight here.
     if (hq != hk * group) {
-      const Pow2 rv(u_dv(hq - 1) - u_dv(hq)), rk(u_dk(hq - 1) - u_dk(hq));
+      const Pow2 rv(u_dv(hq - 1) - u_dv(hq));
 #pragma unroll
-      for (int i = 0; i < D / 2; ++i) {
-        dv[i] = rv(dv[i]);
-        dk[i] = rk(dk[i]);
-      }
+      for (int i = 0; i < D / 2; ++i) dv[i] = rv(dv[i]);
     }
-    // mul_pow2 by this head's exponents, branch-free (Pow2 in bwd_bits.h: the same bits).
-    const Pow2 dp_unit(-g_dp), to_dk(h_dk), to_dq(h_dq);
+    // mul_pow2 by this head's exponent, branch-free (Pow2 in bwd_bits.h: the same bits).
+    const Pow2 dp_unit(-g_dp);
+    bool e_head_set = false;  // the head's running exponent of dK's operand, once a tile has dS
+    int e_head = 0;
 
     for (int mb = mb_begin; mb < mb_end; ++mb, ++it) {
       constexpr int kStages = V2Smem<D, false>::kStages;
@@ -501,6 +500,54 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
       v2_fence(sc);  // P is computed here, while the dP^T wgmmas run, not after their wait
       sm90::wgmma_wait<0>();
       v2_fence(dp);
+      // sc holds 2^8 p, so 2^8 dS = sc (dP 2^-g' - D): first into dp (masked), with this thread's
+      // max |2^8 dS|.
+      float m = 0.f;
+      auto ds_raw = [&](auto single, auto masked) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float2 dd = v2_col_pair(dsum, j, t);
+#pragma unroll
+          for (int e = 4 * j; e < 4 * j + 4; ++e) {
+            const float dse =
+                sc[e] * (dp_unit.apply<decltype(single)::value>(dp[e]) - ((e & 1) ? dd.y : dd.x));
+            dp[e] = (!decltype(masked)::value || mask.visible(e, t)) ? dse : 0.f;
+            m = fmaxf(m, fabsf(dp[e]));
+          }
+        }
+      };
+      if (dp_unit.single()) {
+        if (mask.full) {
+          ds_raw(std::true_type{}, std::false_type{});
+        } else {
+          ds_raw(std::true_type{}, std::true_type{});
+        }
+      } else {
+        ds_raw(std::false_type{}, std::true_type{});
+      }
+      // The tile's max |dS| over both warpgroups (8 warps' maxima by step parity: rewritten two
+      // steps later, after every reader passed the next step's barriers).
+      m = warp_max(m);
+      sm.tile_max[it & 1][cw * 4 + warp][lane] = m;  // every lane its own slot (no branch)
+      asm volatile("bar.sync %0, %1;" ::"n"(kV2TileMaxBarrier), "n"(kV2Consumers) : "memory");
+      float tile = 0.f;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) tile = fmaxf(tile, sm.tile_max[it & 1][w][lane]);
+      tile *= 1.f / float(1 << kPLiftLog2);  // max |dS| (scaling by 2^-8 commutes with the max)
+      // dQ's exponent: the tile's own; dK's: the head's running minimum, the sums scaled down to
+      // it (before this step's dK wgmma; the last one completed at the last step's wait).
+      const int h_dq = pow2_scale_exp(tile * ks, kE4m3Top);
+      if (tile > 0.f) {
+        const int e = pow2_scale_exp(tile * qs, kE4m3Top);
+        e_head = e_head_set ? min(e_head, e) : e;
+        e_head_set = true;
+        if (e_head != e_acc) {
+          const Pow2 rk(e_head - e_acc);
+#pragma unroll
+          for (int i = 0; i < D / 2; ++i) dk[i] = rk(dk[i]);
+          e_acc = e_head;
+        }
+      }
       // dS_k bytes of element e at ds_at[e % 2][row half] + 1024 (e / 4): query row
       // 8 (e / 4) + 2t + e % 2, key column key_l + 8 h, swizzled (row % 8 = 2t + e % 2).
       uint8_t* ds_tile = sm.ds[it & 1];
@@ -512,27 +559,24 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
           ds_at[b][h] = swizzle_offset(2 * t + b, key_l + 8 * h, kV2Keys);
         }
       }
-      // sc holds 2^8 p, so 2^8 dS = sc (dP 2^-g' - D). The fast form folds 2^-8 into one
-      // factor per operand, fq = q_scale 2^(h' - 8) and fk = k_scale 2^(h - 8) (exact: normal
-      // powers of two times normal scales), one multiply each; the general form (exponents or
-      // factors out of FP32's normal range: tiny or huge slices) divides by 2^8 and applies
-      // Pow2. Both round the same real numbers once per operation.
-      const Pow2 to_dk8(h_dk - kPLiftLog2), to_dq8(h_dq - kPLiftLog2);
+      // The operands: the fast form folds 2^-8 into one factor per operand, fq = q_scale
+      // 2^(e_acc - 8) and fk = k_scale 2^(h_dq - 8) (exact: normal powers of two times normal
+      // scales), one multiply each; the general form (exponents or factors out of FP32's normal
+      // range: tiny or huge tiles) divides by 2^8 and applies Pow2. Both round the same real
+      // numbers once per operation.
+      const Pow2 to_dk8(e_acc - kPLiftLog2), to_dq8(h_dq - kPLiftLog2);
       const float fq = to_dk8.apply<true>(qs), fk = to_dq8.apply<true>(ks);
       auto normal = [](float x) { return x >= 1.17549435e-38f && x <= 3.4e38f; };
-      const bool fast =
-          dp_unit.single() && to_dk8.single() && to_dq8.single() && normal(fq) && normal(fk);
-      auto ds_elements = [&](auto fast_form, auto masked) {
+      const bool fast = to_dk8.single() && to_dq8.single() && normal(fq) && normal(fk);
+      const Pow2 to_dk(e_acc), to_dq(h_dq);
+      auto ds_quant = [&](auto fast_form) {
         constexpr bool kFast = decltype(fast_form)::value;
-        constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-          const float2 dd = v2_col_pair(dsum, j, t);
           float bq[4];  // the dS_k values of elements 4j..4j + 3
 #pragma unroll
           for (int e = 4 * j; e < 4 * j + 4; ++e) {
-            const float dse = sc[e] * (dp_unit.apply<kFast>(dp[e]) - ((e & 1) ? dd.y : dd.x));
-            const float ds = (!kMasked || mask.visible(e, t)) ? dse : 0.f;
+            const float ds = dp[e];
             if constexpr (kFast) {
               dp[e] = ds * fq;
               bq[e - 4 * j] = ds * fk;
@@ -554,13 +598,9 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
         }
       };
       if (fast) {
-        if (mask.full) {
-          ds_elements(std::true_type{}, std::false_type{});
-        } else {
-          ds_elements(std::true_type{}, std::true_type{});
-        }
+        ds_quant(std::true_type{});
       } else {
-        ds_elements(std::false_type{}, std::true_type{});
+        ds_quant(std::false_type{});
       }
       uint32_t pa[2][4], da[2][4];
       v2_pack_a(sc, pa);
@@ -597,6 +637,11 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
       v2_fence(pa);
       v2_fence(da);
       sm90::mbar_arrive(&sm.empty[s]);  // every consumer thread, as in the amax pass
+      {  // the tile's dQ in real units (dq_acc sums tiles of different exponents)
+        const Pow2 unit(-h_dq);
+#pragma unroll
+        for (int i = 0; i < D / 4; ++i) dq[i] = unit(dq[i]);
+      }
 
       if constexpr (kDqBulk) {
         v2_add_dq_bulk<D>(p, tm_dq, sm, dq, it, cw, n, bh, mb);
@@ -620,7 +665,7 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
   }
   if (kDqBulk && tid == 0) v2_bulk_wait_all();  // the staging reads, before the CTA ends
   const int last = (hk + 1) * group - 1;
-  v2_store_kv<D>(p, dk, dv, u_dk(last), u_dv(last), bb, hk, n0 + key_l, t);
+  v2_store_kv<D>(p, dk, dv, -e_acc, u_dv(last), bb, hk, n0 + key_l, t);
 }
 
 // DSource::kHighPrecisionO, amax pass: D_hp_i += sum over the CTA's 128 keys of p_ij dP_ij (the p
