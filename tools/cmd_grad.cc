@@ -29,8 +29,9 @@ const std::vector<FlagSpec> kGradFlags = with_suite_shape_flags({
      "forward-o"},
     {"smooth-k", false, "K smoothing (the recipe's K minus its mean per head, numerics.md §3)", ""},
     {"ds-scales", true,
-     "dS's power-of-two scales (fp8 arithmetic): 'per-head' (the GPU's today) or 'per-tile'",
-     "per-head"},
+     "dS's power-of-two scales (fp8 arithmetic): 'per-tile' (the GPU's v2 kernel) or 'per-head' "
+     "(v1)",
+     "per-tile"},
     {"arithmetic", true,
      "the golden backward's GEMMs: 'fp8' (the GPU's FP8 operands) or 'f64' (float64)", "fp8"},
     {"json", true, "also write the results as JSON to this file", ""},
@@ -90,7 +91,7 @@ int cmd_grad(const std::vector<std::string>& argv) {
   }
   bopt.arithmetic =
       arith == "fp8" ? BackwardArithmetic::kEmulatedFp8 : BackwardArithmetic::kFloat64;
-  const std::string ds_scales = a.get("ds-scales", "per-head");
+  const std::string ds_scales = a.get("ds-scales", "per-tile");
   if (ds_scales != "per-head" && ds_scales != "per-tile") {
     throw UsageError("--ds-scales: expected per-head or per-tile, got '" + ds_scales + "'");
   }
@@ -101,7 +102,7 @@ int cmd_grad(const std::vector<std::string>& argv) {
               causal ? "causal" : "non-causal", smooth_k ? ", smooth-k" : "",
               (unsigned long long)seed, d_source.c_str(),
               arith == "fp8" ? "emulated FP8 backward (the GPU's operands)" : "float64 backward",
-              ds_scales == "per-tile" ? ", dS scales per tile" : "");
+              ds_scales == "per-tile" ? ", dS scales per tile" : ", dS scales per head");
   std::printf("golden forward + backward of each recipe against float64 exact attention\n\n");
   std::printf("%-11s %-13s %9s %9s %9s %9s %9s %9s %9s\n", "recipe", "input", "dq-cos", "dq-rl2",
               "dk-cos", "dk-rl2", "dv-cos", "dv-rl2", "ms");

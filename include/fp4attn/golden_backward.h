@@ -18,13 +18,13 @@ enum class BackwardArithmetic {
 // kEmulatedFp8: the granularity of dS's power-of-two scales (numerics.md §8).
 enum class DsScales {
   // One exponent per (batch, head) for each of dQ's and dK's dS operand, from the slice's amax
-  // (with D from the forward's O): what the GPU's amax pass measures (v1 and v2 today).
+  // (with D from the forward's O): what the GPU's v1 kernel measures in its amax pass.
   kPerHead,
   // Per tile of the v2 kernel (128 keys x 64 queries of one head), from the tile's own dS (the D
   // of d_source): dQ's operand by the tile's amax of |dS k_scale|; dK's by a running exponent per
   // 128-key block, the minimum over the head's query blocks so far (in ascending order) of the
   // tiles' exponents for |dS q_scale| (a kernel can keep it by scaling its dK sums down).
-  // Needs no pass over the scores before the gradients. Not yet used by a GPU kernel.
+  // Needs no pass over the scores before the gradients: the GPU's v2 kernel (the default).
   kPerTile,
 };
 
@@ -36,7 +36,7 @@ struct BackwardOptions {
   // dropping either offset costs; keep the defaults otherwise.
   int p_lift_log2 = 8;
   bool scale_gradients = true;
-  DsScales ds_scales = DsScales::kPerHead;
+  DsScales ds_scales = DsScales::kPerTile;
 };
 
 // Gradients of golden_attention_forward(q, k, v, opt) for the upstream gradient dout.

@@ -63,6 +63,7 @@ expect_run(2 "--arithmetic: expected fp8 or f64, got 'fp16'" grad --arithmetic f
 expect_run(0 "non-causal, smooth-k" grad --recipe fp8 --seqlen 32 --heads 1 --head-dim 64
            --smooth-k)
 expect_run(2 "--smooth-k: takes no value" grad --smooth-k=1)
-expect_run(0 "dS scales per tile" grad --recipe fp8 --seqlen 32 --heads 1 --head-dim 64
-           --ds-scales per-tile)
+expect_run(0 "dS scales per tile" grad --recipe fp8 --seqlen 32 --heads 1 --head-dim 64)
+expect_run(0 "dS scales per head" grad --recipe fp8 --seqlen 32 --heads 1 --head-dim 64
+           --ds-scales per-head)
 expect_run(2 "--ds-scales: expected per-head or per-tile, got 'per-row'" grad --ds-scales per-row)

@@ -168,10 +168,11 @@ TEST(BackwardEmulatedDsScales, PerTileKeepsSmallTilesAccurate) {
   Inputs in = make_problem_inputs(p, 1e-3);
   const RecipeOptions opt = recipe_options(Recipe::kFp8);
   Forward f = golden_forward(p, in, opt);
-  BackwardOptions head;
-  head.arithmetic = BackwardArithmetic::kEmulatedFp8;
-  BackwardOptions tile = head;
-  tile.ds_scales = DsScales::kPerTile;
+  BackwardOptions tile;
+  tile.arithmetic = BackwardArithmetic::kEmulatedFp8;
+  EXPECT_EQ(tile.ds_scales, DsScales::kPerTile) << "the default: the v2 kernel's scales";
+  BackwardOptions head = tile;
+  head.ds_scales = DsScales::kPerHead;
   auto rows_rel_l2 = [&](const Grads& got, const Grads& want, int64_t i0, int64_t i1) {
     const int64_t a = i0 * p.d, n = (i1 - i0) * p.d;
     return compare(got.dq.data() + a, want.dq.data() + a, n).rel_l2;

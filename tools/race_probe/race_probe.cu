@@ -29,8 +29,9 @@ __global__ void stage_then_read(int* out, bool barrier) {
 // 384 threads, warpgroup 0 idle, the two others per step: each lane stores its warp's value in
 // its own slot (by step parity), a named barrier over the 256, every thread loads the 8 warps'
 // slots; then, with `arrive_mix`, the bulk-dQ kernels' per-warpgroup barrier (warps 1-3
-// bar.arrive, warp 0 bar.sync). There is no race: racecheck reporting one here (with arrive_mix
-// only?) would mean it does not model this barrier pattern.
+// bar.arrive, warp 0 bar.sync). There is no race, yet on the H200 racecheck reports hazards with
+// arrive_mix (none without): it does not model bar.arrive beside other named barriers, which is
+// why the backward's kernels only bar.sync (docs/kernels/bwd_sm90.md, "dS scales per tile").
 __global__ void tile_max_exchange(float* out, bool arrive_mix) {
   __shared__ float slots[2][8][32];
   const int wg = threadIdx.x / 128, warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
