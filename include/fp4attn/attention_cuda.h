@@ -19,15 +19,18 @@ namespace fp4attn {
 
 // o: [b, s_q, h, d] BF16 or FP16 (BSHD, d contiguous; other strides free).
 // lse: FP32 [b, h, s_q] (natural log; +inf for rows without keys) or undefined.
+// row_max: FP32 [b, h, s_q] or undefined: each row's integer log2 reference m = ceil(max_j z_j)
+// (z = the scores times softmax_scale * log2 e; -inf for rows without keys). The backward of the
+// exp-free recipe nvfp4-fast rebuilds its P codes from it (attention_bwd_cuda.h).
 Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardOptions& opt,
                                        const TensorView& o, const TensorView& lse,
-                                       cudaStream_t stream);
+                                       cudaStream_t stream, const TensorView& row_max = {});
 
 // q [b, s_q, h, d], k/v [b, s_k, h_kv, d]: BF16 or FP16 BSHD (d contiguous), h % h_kv == 0,
-// d 64 or 128. o and lse as above.
+// d 64 or 128. o, lse and row_max as above.
 Status attention_forward_cuda(const TensorView& q, const TensorView& k, const TensorView& v,
                               const ForwardOptions& opt, const TensorView& o, const TensorView& lse,
-                              cudaStream_t stream);
+                              cudaStream_t stream, const TensorView& row_max = {});
 
 // Varlen batches in FlashAttention's convention: q [total_q, h, d], k/v [total_k, h_kv, d]
 // (BF16/FP16, d contiguous), sequence i = tokens [cu_seqlens[i], cu_seqlens[i + 1]). The offsets

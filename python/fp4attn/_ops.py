@@ -257,8 +257,20 @@ def attn_operands_fwd(
 
 
 def _operands_forward(
-    q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, softmax_scale, causal, out_dtype
+    q_data,
+    q_scale,
+    k_data,
+    k_scale,
+    v_data,
+    v_scale,
+    recipe,
+    softmax_scale,
+    causal,
+    out_dtype,
+    row_max=None,
 ):
+    """row_max (CUDA only): also receives each row's integer log2 reference (nvfp4-fast's
+    backward rebuilds its P codes from it)."""
     b, h, s_q, d = q_data.shape
     o, lse = _outputs((b, s_q, h, d), out_dtype, q_data.device)
     args = (
@@ -277,7 +289,7 @@ def _operands_forward(
     if q_data.device.type == "cuda":
         require_cuda_build("q_data", attention=True)
         with torch.cuda.device(q_data.device):
-            run_cuda(_C.attention_operands_cuda, *args, cuda_stream(q_data.device))
+            run_cuda(_C.attention_operands_cuda, *args, cuda_stream(q_data.device), row_max)
     else:
         _C.attention_operands_host(*args)
     return o, lse
@@ -340,8 +352,9 @@ def repack_operand(
 
 # ---- backward (CPU: the golden model; CUDA: the GPU backward of the exp2 recipes) ---------------
 
-# The recipes whose backward runs on the GPU (docs/kernels/bwd_sm90.md).
-GPU_BACKWARD_RECIPES = ("fp8", "nvfp4", "nvfp4-hx", "mxfp4")
+# The recipes whose backward runs on the GPU (docs/kernels/bwd_sm90.md); nvfp4-fast's needs the
+# forward's row_max (attn_quantized_fwd saves it).
+GPU_BACKWARD_RECIPES = ("fp8", "nvfp4", "nvfp4-hx", "mxfp4", "nvfp4-all", "nvfp4-fast")
 
 
 def _require_gpu_backward(recipe: str, what: str) -> None:
@@ -518,30 +531,43 @@ def attn_quantized_fwd(
     k_tensor_scale: float,
     v_tensor_scale: float,
     smooth_k: bool,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor]:
     """attn_operands_fwd on operands quantized from the BSHD q, k, v (with the static tensor
     scales given, 0 = computed; smooth_k: K smoothed, CUDA only, the LSE then without the
     scale * q . mean term, which api adds), differentiable in q, k, v: straight through the
     quantizers. The forward reads only the operands; the backward (attn_quantized_bwd) runs on
     the saved operands on CUDA and on the sources (the golden model re-derives the same operands)
-    on CPU. Returns BSHD (o, lse)."""
+    on CPU. Returns BSHD (o, lse, row_max): row_max [b, h, s_q] is each row's integer log2
+    reference on CUDA (saved for nvfp4-fast's backward), empty on CPU (the golden model's
+    backward derives it)."""
     if smooth_k and q_data.device.type != "cuda":
         raise UnsupportedError(
             "smooth_k: the operand path smooths K on CUDA only (CPU: attn_fwd's golden model)"
         )
-    return _operands_forward(
-        q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, softmax_scale, causal, out_dtype
-    )
+    row_max = _row_max_output(q_data)
+    o, lse = _operands_forward(
+        q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, softmax_scale, causal, out_dtype,
+        row_max if row_max.numel() > 0 else None,
+    )  # fmt: skip
+    return o, lse, row_max
+
+
+def _row_max_output(q_data: Tensor) -> Tensor:
+    b, h, s_q, _ = q_data.shape
+    shape = (b, h, s_q) if q_data.device.type == "cuda" else (0,)
+    return torch.empty(shape, dtype=torch.float32, device=q_data.device)
 
 
 @attn_quantized_fwd.register_fake
 def _(q, k, v, q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, softmax_scale, causal,
       out_dtype, d_source, q_tensor_scale, k_tensor_scale, v_tensor_scale, smooth_k):  # fmt: skip
     b, h, s_q, d = q_data.shape
-    return _outputs((b, s_q, h, d), out_dtype, q_data.device)
+    return (*_outputs((b, s_q, h, d), out_dtype, q_data.device), _row_max_output(q_data))
 
 
-def _quantized_bwd_cuda(dout, o, lse, operands, recipe, softmax_scale, causal, d_source, smooth_k):
+def _quantized_bwd_cuda(
+    dout, o, lse, row_max, operands, recipe, softmax_scale, causal, d_source, smooth_k
+):
     q_data, q_scale, k_data, k_scale, v_data, v_scale = operands
     _require_gpu_backward(recipe, "q_data")
     b, h, s_q, d = q_data.shape
@@ -572,6 +598,7 @@ def _quantized_bwd_cuda(dout, o, lse, operands, recipe, softmax_scale, causal, d
             torch.are_deterministic_algorithms_enabled(),
             d_source,
             cuda_stream(o.device),
+            row_max,
         )
     if smooth_k and s_k > 0:
         # K entered as k_j - mean_l(k_l) (the mean's BF16 rounding straight through): the chain
@@ -586,6 +613,7 @@ def attn_quantized_bwd(
     dout: Tensor,
     o: Tensor,
     lse: Tensor,
+    row_max: Tensor | None,
     dlse: Tensor | None,
     q: Tensor | None,
     k: Tensor | None,
@@ -608,14 +636,14 @@ def attn_quantized_bwd(
     """Gradients (dq, dk, dv) of attn_quantized_fwd, BSHD, in o's dtype. CUDA: the GPU backward
     on the kernel operands (q/k/v may be None); CPU: the golden model's backward on the sources
     q, k, v with the same recipe and static tensor scales (the operands may be None). dlse: as
-    attn_bwd's (None or zero)."""
+    attn_bwd's (None or zero). row_max: the forward's (CUDA; nvfp4-fast reads it)."""
     _refuse_lse_gradient(dlse)
     if o.device.type == "cuda":
         operands = (q_data, q_scale, k_data, k_scale, v_data, v_scale)
         if any(t is None for t in operands):
             raise ValueError("q_data: the CUDA backward needs the six kernel operands")
         return _quantized_bwd_cuda(
-            dout, o, lse, operands, recipe, softmax_scale, causal, d_source, smooth_k
+            dout, o, lse, row_max, operands, recipe, softmax_scale, causal, d_source, smooth_k
         )
     if q is None or k is None or v is None:
         raise ValueError("q: the CPU backward needs the q, k, v the operands were made from")
@@ -629,7 +657,7 @@ def attn_quantized_bwd(
 
 
 @attn_quantized_bwd.register_fake
-def _(dout, o, lse, dlse, q, k, v, q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe,
+def _(dout, o, lse, row_max, dlse, q, k, v, q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe,
       softmax_scale, causal, d_source, q_tensor_scale, k_tensor_scale, v_tensor_scale,
       smooth_k):  # fmt: skip
     if q is not None:
@@ -644,25 +672,25 @@ def _(dout, o, lse, dlse, q, k, v, q_data, q_scale, k_data, k_scale, v_data, v_s
 def _quantized_setup_context(ctx, inputs, output):
     q, k, v = inputs[:3]
     operands = inputs[3:9]
-    o, lse = output
+    o, lse, row_max = output
     # What each backward reads, and nothing else: CUDA the operands (E4M3: half of BF16 q/k/v,
-    # and no requantization), CPU the sources (the golden model quantizes them again, bit for
-    # bit). With o and the forward's LSE (without smooth_k's q . mean term) in both.
+    # and no requantization) and row_max, CPU the sources (the golden model quantizes them again,
+    # bit for bit). With o and the forward's LSE (without smooth_k's q . mean term) in both.
     ctx.on_cuda = o.device.type == "cuda"
     if ctx.on_cuda:
-        ctx.save_for_backward(*operands, o, lse)
+        ctx.save_for_backward(*operands, o, lse, row_max)
     else:
         ctx.save_for_backward(q, k, v, o, lse)
     ctx.options = inputs[9:12] + inputs[13:]  # recipe .. causal, d_source .. smooth_k
     ctx.set_materialize_grads(False)
 
 
-def _quantized_backward(ctx, grad_o, grad_lse):
+def _quantized_backward(ctx, grad_o, grad_lse, grad_row_max):
     saved = ctx.saved_tensors
     if ctx.on_cuda:
-        sources, operands, (o, lse) = (None, None, None), saved[:6], saved[6:]
+        sources, operands, (o, lse, row_max) = (None, None, None), saved[:6], saved[6:]
     else:
-        sources, operands, (o, lse) = saved[:3], (None,) * 6, saved[3:]
+        sources, operands, (o, lse), row_max = saved[:3], (None,) * 6, saved[3:], None
     recipe, softmax_scale, causal, d_source, tq, tk, tv, smooth_k = ctx.options
     if grad_o is None:  # only the LSE was used: its gradient is refused below, or zero
         grad_o = torch.zeros_like(o)
@@ -670,6 +698,7 @@ def _quantized_backward(ctx, grad_o, grad_lse):
         grad_o.contiguous(),
         o,
         lse,
+        row_max,
         grad_lse,
         *sources,
         *operands,

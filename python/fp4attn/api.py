@@ -43,7 +43,7 @@ def attn_func(
     [b, h, s_q] (natural log).
 
     Autograd: gradients flow through o, computed by the golden model's backward on CPU tensors
-    and by the GPU backward on CUDA ones (exp2 recipes; docs/python.md "Autograd"); d_source picks the O of D = rowsum(dO * O): "forward-o" (the
+    and by the GPU backward on CUDA ones (every recipe but fp4-direct; docs/python.md "Autograd"); d_source picks the O of D = rowsum(dO * O): "forward-o" (the
     quantized forward's) or "high-precision-o" (docs/numerics.md §8). lse is not differentiated.
 
     smooth_k: SageAttention's K smoothing (numerics.md §3): K minus its mean over the sequence
@@ -53,7 +53,7 @@ def attn_func(
     CPU: every recipe, forward and backward (the golden model). CUDA: the forward for every
     recipe the engine runs (K smoothed by the GPU quantizer, attention on the operands, the LSE
     term added in float64); gradients for the GPU backward's recipes (fp8, nvfp4, nvfp4-hx,
-    mxfp4), computed on the forward's operands with dK minus its mean over the keys (the chain
+    mxfp4, nvfp4-all, nvfp4-fast), computed on the forward's operands with dK minus its mean over the keys (the chain
     rule through the mean, as the golden model's); other recipes raise UnsupportedError in
     backward().
     """
@@ -96,7 +96,7 @@ def _operands_cuda(q, k, v, recipe, scale, causal, d_source, smooth_k):
         else:
             k_data, k_scale = _ops.quantize_operand(k, recipe, "k", 0.0)
         v_data, v_scale = _ops.quantize_operand(v, recipe, "v", 0.0)
-    o, lse = _ops.attn_quantized_fwd(
+    o, lse, _ = _ops.attn_quantized_fwd(
         q, k, v, q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, scale, causal,
         q.dtype, d_source, 0.0, 0.0, 0.0, smooth_k,
     )  # fmt: skip
@@ -314,7 +314,7 @@ def attn_quantized(
         # The gradient goes to the sources; the codes (whose quantize_operand node has no
         # backward) are constants of the op.
         codes = [t.detach() for t in operands]
-        o, lse = _ops.attn_quantized_fwd(
+        o, lse, _ = _ops.attn_quantized_fwd(
             q, k, v, *codes, qkv.recipe, scale, causal, qkv.out_dtype, d_source,
             *(float(s) for s in qkv.tensor_scales), False,
         )  # fmt: skip

@@ -15,7 +15,8 @@ Status check_recipe(const ForwardOptions& opt) {
   if (!backward_recipe_supported(opt.recipe)) {
     return Status::Unsupported(std::string("recipe: '") + recipe_name(opt.recipe) +
                                "' has no GPU backward yet (supported: fp8, nvfp4, nvfp4-hx, "
-                               "mxfp4)");
+                               "mxfp4, nvfp4-all, nvfp4-fast; the CPU golden model has every "
+                               "recipe's)");
   }
   return Status::Ok();
 }
@@ -75,7 +76,27 @@ Status validate_backward_options(const BackwardCudaOptions& bopt) {
 
 bool backward_recipe_supported(Recipe recipe) {
   return recipe == Recipe::kFp8 || recipe == Recipe::kNvfp4 || recipe == Recipe::kNvfp4Hx ||
-         recipe == Recipe::kMxfp4;
+         recipe == Recipe::kMxfp4 || recipe == Recipe::kNvfp4All || recipe == Recipe::kNvfp4Fast;
+}
+
+bool backward_needs_row_max(Recipe recipe) { return recipe == Recipe::kNvfp4Fast; }
+
+Status validate_backward_row_max(const ForwardOptions& opt, const BackwardCudaOptions& bopt,
+                                 const TensorView& row_max, const ForwardShape& sh) {
+  if (!backward_needs_row_max(opt.recipe)) {
+    return row_max.defined() ? check_row_stats(row_max, "row_max", sh) : Status::Ok();
+  }
+  if (!row_max.defined()) {
+    return Status::Invalid(std::string("row_max: required for '") + recipe_name(opt.recipe) +
+                           "' (the forward's row_max output: its P codes are rebuilt from it)");
+  }
+  FP4ATTN_RETURN_IF_ERROR(check_row_stats(row_max, "row_max", sh));
+  if (backward_main_kernel(bopt) == 1) {
+    return Status::Unsupported(std::string("recipe: '") + recipe_name(opt.recipe) +
+                               "' runs on the v2 main kernel only; kernel selects v1 (kernel = 1 "
+                               "or FP4ATTN_BWD_KERNEL=v1)");
+  }
+  return Status::Ok();
 }
 
 Status validate_backward_operands(const ForwardOperands& in, const ForwardOptions& opt,

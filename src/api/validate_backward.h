@@ -8,8 +8,17 @@
 
 namespace fp4attn {
 
-// The recipes the GPU backward runs: the exp2 recipes whose P is rebuilt from the LSE.
+// The recipes the GPU backward runs: the exp2 recipes, whose P is rebuilt from the LSE, and
+// nvfp4-fast, whose P codes are rebuilt from the forward's row_max (and the LSE).
 bool backward_recipe_supported(Recipe recipe);
+
+// Whether the recipe's backward needs the forward's row_max (nvfp4-fast).
+bool backward_needs_row_max(Recipe recipe);
+
+// row_max ([b, h, s_q] FP32, attention_cuda.h): required, and v2 only, where the recipe needs it;
+// checked and ignored where it does not.
+Status validate_backward_row_max(const ForwardOptions& opt, const BackwardCudaOptions& bopt,
+                                 const TensorView& row_max, const ForwardShape& sh);
 
 // Operands (as validate_forward_operands), o, lse (required), dout, dq/dk/dv; fills `shape`.
 Status validate_backward_operands(const ForwardOperands& in, const ForwardOptions& opt,

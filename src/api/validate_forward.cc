@@ -32,6 +32,22 @@ Status check_options(const ForwardOptions& opt) {
   return Status::Ok();
 }
 
+}  // namespace
+
+Status check_row_stats(const TensorView& t, const char* name, const ForwardShape& sh) {
+  FP4ATTN_RETURN_IF_ERROR(check_rank(t, name, 3, "(batch, heads, seqlen_q)"));
+  FP4ATTN_RETURN_IF_ERROR(check_dtype(t, name, {DType::kF32}));
+  FP4ATTN_RETURN_IF_ERROR(check_not_null(t, name));
+  FP4ATTN_RETURN_IF_ERROR(check_strides(t, name));
+  if (t.shape[0] != sh.b || t.shape[1] != sh.h || t.shape[2] != sh.s_q) {
+    return Status::Invalid(std::string(name) + ": expected shape (" + str(sh.b) + ", " + str(sh.h) +
+                           ", " + str(sh.s_q) + "), got " + t.shape_str());
+  }
+  return Status::Ok();
+}
+
+namespace {
+
 // o [b, s_q, h, d] BF16/FP16 with d contiguous and 4-byte aligned rows; lse
 // FP32 [b, h, s_q].
 Status check_outputs(const TensorView& o, const TensorView& lse, const ForwardShape& sh) {
@@ -50,16 +66,7 @@ Status check_outputs(const TensorView& o, const TensorView& lse, const ForwardSh
     return Status::Invalid("o: batch, seqlen and head strides must be even (pairs are stored)");
   }
   FP4ATTN_RETURN_IF_ERROR(check_aligned(o.data, "o", 4));
-  if (lse.defined()) {
-    FP4ATTN_RETURN_IF_ERROR(check_rank(lse, "lse", 3, "(batch, heads, seqlen_q)"));
-    FP4ATTN_RETURN_IF_ERROR(check_dtype(lse, "lse", {DType::kF32}));
-    FP4ATTN_RETURN_IF_ERROR(check_not_null(lse, "lse"));
-    FP4ATTN_RETURN_IF_ERROR(check_strides(lse, "lse"));
-    if (lse.shape[0] != sh.b || lse.shape[1] != sh.h || lse.shape[2] != sh.s_q) {
-      return Status::Invalid("lse: expected shape (" + str(sh.b) + ", " + str(sh.h) + ", " +
-                             str(sh.s_q) + "), got " + lse.shape_str());
-    }
-  }
+  if (lse.defined()) FP4ATTN_RETURN_IF_ERROR(check_row_stats(lse, "lse", sh));
   return Status::Ok();
 }
 

@@ -21,6 +21,9 @@ bool forward_recipe_supported(Recipe recipe);
 Status validate_forward_operands(const ForwardOperands& in, const ForwardOptions& opt,
                                  const TensorView& o, const TensorView& lse, ForwardShape* shape);
 
+// A per-row FP32 statistic of the forward (lse, row_max): shape [b, h, s_q], last stride 1.
+Status check_row_stats(const TensorView& t, const char* name, const ForwardShape& sh);
+
 // Checks BSHD q/k/v (BF16/FP16, d contiguous), o, lse and options; fills
 // `shape`.
 Status validate_forward_inputs(const TensorView& q, const TensorView& k, const TensorView& v,

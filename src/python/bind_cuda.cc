@@ -155,19 +155,21 @@ ForwardOptions forward_options(const std::string& recipe, double softmax_scale, 
 
 void attention_cuda(const Array& q, const Array& k, const Array& v, const Array& o,
                     const OptArray& lse, const std::string& recipe, double softmax_scale,
-                    bool causal, uintptr_t stream) {
+                    bool causal, uintptr_t stream, const OptArray& row_max) {
   require_cuda({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&o, "o"}});
   if (lse) require_cuda({{&q, "q"}, {&*lse, "lse"}});
+  if (row_max) require_cuda({{&q, "q"}, {&*row_max, "row_max"}});
   throw_if_error(attention_forward_cuda(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
                                         forward_options(recipe, softmax_scale, causal),
                                         to_view(o, "o"), optional_view(lse, "lse"),
-                                        stream_arg(stream)));
+                                        stream_arg(stream), optional_view(row_max, "row_max")));
 }
 
 void attention_operands_cuda(const Array& q_data, const Array& q_scale, const Array& k_data,
                              const Array& k_scale, const Array& v_data, const Array& v_scale,
                              const Array& o, const OptArray& lse, const std::string& recipe,
-                             double softmax_scale, bool causal, uintptr_t stream) {
+                             double softmax_scale, bool causal, uintptr_t stream,
+                             const OptArray& row_max) {
   require_cuda({{&q_data, "q_data"},
                 {&q_scale, "q_scale"},
                 {&k_data, "k_data"},
@@ -176,20 +178,23 @@ void attention_operands_cuda(const Array& q_data, const Array& q_scale, const Ar
                 {&v_scale, "v_scale"},
                 {&o, "o"}});
   if (lse) require_cuda({{&o, "o"}, {&*lse, "lse"}});
+  if (row_max) require_cuda({{&o, "o"}, {&*row_max, "row_max"}});
   const ForwardOptions opt = forward_options(recipe, softmax_scale, causal);
   const bool e4m3 = opt.recipe != Recipe::kBf16;
   ForwardOperands in{to_view(q_data, "q_data", e4m3), to_view(q_scale, "q_scale"),
                      to_view(k_data, "k_data", e4m3), to_view(k_scale, "k_scale"),
                      to_view(v_data, "v_data", e4m3), to_view(v_scale, "v_scale")};
   throw_if_error(attention_forward_operands_cuda(in, opt, to_view(o, "o"),
-                                                 optional_view(lse, "lse"), stream_arg(stream)));
+                                                 optional_view(lse, "lse"), stream_arg(stream),
+                                                 optional_view(row_max, "row_max")));
 }
 
 void attention_backward_cuda_py(const Array& q, const Array& k, const Array& v, const Array& o,
                                 const Array& lse, const Array& dout, const Array& dq,
                                 const Array& dk, const Array& dv, const std::string& recipe,
                                 double softmax_scale, bool causal, bool deterministic,
-                                const std::string& d_source, uintptr_t stream) {
+                                const std::string& d_source, uintptr_t stream,
+                                const OptArray& row_max) {
   require_cuda({{&q, "q"},
                 {&k, "k"},
                 {&v, "v"},
@@ -199,26 +204,25 @@ void attention_backward_cuda_py(const Array& q, const Array& k, const Array& v, 
                 {&dq, "dq"},
                 {&dk, "dk"},
                 {&dv, "dv"}});
+  if (row_max) require_cuda({{&q, "q"}, {&*row_max, "row_max"}});
   BackwardCudaOptions bopt;
   bopt.deterministic = deterministic;
   bopt.d_source = d_source_arg(d_source);
-  throw_if_error(
-      attention_backward_cuda(to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
-                              forward_options(recipe, softmax_scale, causal), to_view(o, "o"),
-                              to_view(lse, "lse"), to_view(dout, "dout"), to_view(dq, "dq"),
-                              to_view(dk, "dk"), to_view(dv, "dv"), bopt, stream_arg(stream)));
+  throw_if_error(attention_backward_cuda(
+      to_view(q, "q"), to_view(k, "k"), to_view(v, "v"),
+      forward_options(recipe, softmax_scale, causal), to_view(o, "o"), to_view(lse, "lse"),
+      to_view(dout, "dout"), to_view(dq, "dq"), to_view(dk, "dk"), to_view(dv, "dv"), bopt,
+      stream_arg(stream), optional_view(row_max, "row_max")));
 }
 
 // The backward on the kernel operands the forward ran on (attention_operands_cuda's): no
 // requantization of Q/K/V, so the gradients see exactly the forward's operands.
-void attention_backward_operands_cuda_py(const Array& q_data, const Array& q_scale,
-                                         const Array& k_data, const Array& k_scale,
-                                         const Array& v_data, const Array& v_scale, const Array& o,
-                                         const Array& lse, const Array& dout, const Array& dq,
-                                         const Array& dk, const Array& dv,
-                                         const std::string& recipe, double softmax_scale,
-                                         bool causal, bool deterministic,
-                                         const std::string& d_source, uintptr_t stream) {
+void attention_backward_operands_cuda_py(
+    const Array& q_data, const Array& q_scale, const Array& k_data, const Array& k_scale,
+    const Array& v_data, const Array& v_scale, const Array& o, const Array& lse, const Array& dout,
+    const Array& dq, const Array& dk, const Array& dv, const std::string& recipe,
+    double softmax_scale, bool causal, bool deterministic, const std::string& d_source,
+    uintptr_t stream, const OptArray& row_max) {
   require_cuda({{&q_data, "q_data"},
                 {&q_scale, "q_scale"},
                 {&k_data, "k_data"},
@@ -231,6 +235,7 @@ void attention_backward_operands_cuda_py(const Array& q_data, const Array& q_sca
                 {&dq, "dq"},
                 {&dk, "dk"},
                 {&dv, "dv"}});
+  if (row_max) require_cuda({{&o, "o"}, {&*row_max, "row_max"}});
   const ForwardOptions opt = forward_options(recipe, softmax_scale, causal);
   const bool e4m3 = opt.recipe != Recipe::kBf16;
   const ForwardOperands in{to_view(q_data, "q_data", e4m3), to_view(q_scale, "q_scale"),
@@ -241,7 +246,8 @@ void attention_backward_operands_cuda_py(const Array& q_data, const Array& q_sca
   bopt.d_source = d_source_arg(d_source);
   throw_if_error(attention_backward_operands_cuda(
       in, opt, to_view(o, "o"), to_view(lse, "lse"), to_view(dout, "dout"), to_view(dq, "dq"),
-      to_view(dk, "dk"), to_view(dv, "dv"), bopt, stream_arg(stream)));
+      to_view(dk, "dk"), to_view(dv, "dv"), bopt, stream_arg(stream),
+      optional_view(row_max, "row_max")));
 }
 #endif
 
@@ -274,21 +280,30 @@ void bind_cuda(nb::module_& m) {
   m.def("has_cuda_attention", [] { return true; });
   m.def("attention_cuda", &attention_cuda, arg("q"), arg("k"), arg("v"), arg("o"),
         arg("lse").none(), arg("recipe"), arg("softmax_scale"), arg("causal"), arg("stream"),
-        "GPU forward attention on BF16/FP16 BSHD q/k/v, launched on `stream`.");
+        arg("row_max").none() = nb::none(),
+        "GPU forward attention on BF16/FP16 BSHD q/k/v, launched on `stream`; row_max (FP32 "
+        "[b, h, s_q], optional): each row's integer log2 reference, which nvfp4-fast's backward "
+        "needs.");
   m.def("attention_operands_cuda", &attention_operands_cuda, arg("q_data"), arg("q_scale"),
         arg("k_data"), arg("k_scale"), arg("v_data"), arg("v_scale"), arg("o"), arg("lse").none(),
         arg("recipe"), arg("softmax_scale"), arg("causal"), arg("stream"),
-        "GPU forward attention over kernel operands, launched on `stream`.");
+        arg("row_max").none() = nb::none(),
+        "GPU forward attention over kernel operands, launched on `stream` (row_max as "
+        "attention_cuda's).");
   m.def("attention_backward_cuda", &attention_backward_cuda_py, arg("q"), arg("k"), arg("v"),
         arg("o"), arg("lse"), arg("dout"), arg("dq"), arg("dk"), arg("dv"), arg("recipe"),
         arg("softmax_scale"), arg("causal"), arg("deterministic"), arg("d_source"), arg("stream"),
-        "GPU backward of attention_cuda (exp2 recipes), launched on `stream`. d_source: "
-        "'forward-o' or 'high-precision-o' (docs/numerics.md §8; the v2 kernel).");
+        arg("row_max").none() = nb::none(),
+        "GPU backward of attention_cuda, launched on `stream`. d_source: 'forward-o' or "
+        "'high-precision-o' (docs/numerics.md §8; the v2 kernel). row_max: the forward's, "
+        "required for nvfp4-fast.");
   m.def("attention_backward_operands_cuda", &attention_backward_operands_cuda_py, arg("q_data"),
         arg("q_scale"), arg("k_data"), arg("k_scale"), arg("v_data"), arg("v_scale"), arg("o"),
         arg("lse"), arg("dout"), arg("dq"), arg("dk"), arg("dv"), arg("recipe"),
         arg("softmax_scale"), arg("causal"), arg("deterministic"), arg("d_source"), arg("stream"),
-        "GPU backward of attention_operands_cuda on the same kernel operands (exp2 recipes; no "
+        arg("row_max").none() = nb::none(),
+        "GPU backward of attention_operands_cuda on the same kernel operands (row_max: the "
+        "forward's, required for nvfp4-fast; no "
         "requantization of Q/K/V), launched on `stream`. dq [b, s_q, h, d], dk/dv "
         "[b, s_k, h_kv, d]: F32 or BF16.");
   m.def(

@@ -91,19 +91,49 @@ TEST(ValidateBackward, AcceptsWellFormedProblems) {
   EXPECT_TRUE(pb.check_operands().ok());
 }
 
-TEST(ValidateBackward, RecipesOutsideTheExp2FamilyAreUnsupported) {
+TEST(ValidateBackward, RecipesWithoutAGpuBackwardAreUnsupported) {
   for (Recipe r : kAllRecipes) {
     Problem pb;
     pb.opt.recipe = r;
     const Status st = pb.check_operands();
-    const bool want =
-        r == Recipe::kFp8 || r == Recipe::kNvfp4 || r == Recipe::kNvfp4Hx || r == Recipe::kMxfp4;
+    const bool want = r == Recipe::kFp8 || r == Recipe::kNvfp4 || r == Recipe::kNvfp4Hx ||
+                      r == Recipe::kMxfp4 || r == Recipe::kNvfp4All || r == Recipe::kNvfp4Fast;
     EXPECT_EQ(st.ok(), want) << recipe_name(r) << ": " << st.message();
     if (!want) {
       EXPECT_TRUE(st.unsupported()) << recipe_name(r);
       EXPECT_NE(st.message().find("recipe"), std::string::npos);
     }
   }
+}
+
+// nvfp4-fast rebuilds its P codes from the forward's row_max: required, of lse's shape and dtype,
+// and only on the v2 main kernel. Other recipes ignore it (checked when given).
+TEST(ValidateBackward, RowMaxForTheCodes) {
+  Problem pb;
+  ForwardShape sh;
+  ASSERT_TRUE(
+      validate_backward_operands(pb.in, pb.opt, pb.to, pb.tl, pb.tdo, pb.tdq, pb.tdk, pb.tdv, &sh)
+          .ok());
+  BackwardCudaOptions v2;
+  v2.kernel = 2;
+  EXPECT_TRUE(validate_backward_row_max(pb.opt, v2, TensorView{}, sh).ok()) << "nvfp4: unused";
+  expect_error(validate_backward_row_max(pb.opt, v2, pb.tdq, sh), "row_max: expected rank 3");
+  pb.opt.recipe = Recipe::kNvfp4Fast;
+  expect_error(validate_backward_row_max(pb.opt, v2, TensorView{}, sh),
+               "row_max: required for 'nvfp4-fast'");
+  EXPECT_TRUE(validate_backward_row_max(pb.opt, v2, pb.tl, sh).ok());
+  std::vector<float> small(pb.b * pb.h * (pb.s_q - 1));
+  expect_error(validate_backward_row_max(
+                   pb.opt, v2, make_view(small.data(), DType::kF32, {pb.b, pb.h, pb.s_q - 1}), sh),
+               "row_max: expected shape (2, 4, 100)");
+  expect_error(validate_backward_row_max(
+                   pb.opt, v2, make_view(pb.o.data(), DType::kBF16, {pb.b, pb.h, pb.s_q}), sh),
+               "row_max");
+  BackwardCudaOptions v1;
+  v1.kernel = 1;
+  const Status st = validate_backward_row_max(pb.opt, v1, pb.tl, sh);
+  EXPECT_TRUE(st.unsupported()) << st.message();
+  EXPECT_NE(st.message().find("v2 main kernel only"), std::string::npos) << st.message();
 }
 
 TEST(ValidateBackward, LseIsRequired) {

@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -79,10 +80,10 @@ std::vector<uint16_t> random_bf16(int64_t n, std::mt19937_64& rng, float sigma) 
   return v;
 }
 
-// Host inputs and the GPU forward's saved O / LSE.
+// Host inputs and the GPU forward's saved O / LSE / row_max.
 struct Inputs {
   std::vector<uint16_t> q, k, v, dout, o;
-  std::vector<float> lse;
+  std::vector<float> lse, row_max;
 };
 
 Inputs make_inputs(const Problem& pb, std::mt19937_64& rng) {
@@ -99,13 +100,14 @@ struct Grads {
   std::vector<uint16_t> dq16, dk16, dv16;  // BF16 runs
 };
 
-// Forward then backward on the GPU (fills in.o / in.lse from the forward). Gradients poisoned
-// with NaN first.
+// Forward then backward on the GPU (fills in.o / in.lse / in.row_max from the forward; the
+// backward gets row_max, which only nvfp4-fast reads). Gradients poisoned with NaN first.
 Status run_gpu(const Problem& pb, Inputs* in, DType grad_type, bool deterministic, Grads* g,
                int kernel, DSource d_source = DSource::kForwardO) {
   DeviceArray<uint16_t> q(in->q.size()), k(in->k.size()), v(in->v.size()), o(pb.nq()),
       dout(in->dout.size());
-  DeviceArray<float> lse(pb.b * pb.h * pb.s_q);
+  DeviceArray<float> lse(pb.b * pb.h * pb.s_q), row_max(pb.b * pb.h * pb.s_q);
+  cudaMemset(row_max.ptr, 0xFF, pb.b * pb.h * pb.s_q * sizeof(float));  // NaN: must be written
   q.upload(in->q);
   k.upload(in->k);
   v.upload(in->v);
@@ -118,8 +120,9 @@ Status run_gpu(const Problem& pb, Inputs* in, DType grad_type, bool deterministi
   const TensorView tv = make_view(v.ptr, DType::kBF16, {pb.b, pb.s_k, pb.h_kv, pb.d});
   const TensorView to = make_view(o.ptr, DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d});
   const TensorView tl = make_view(lse.ptr, DType::kF32, {pb.b, pb.h, pb.s_q});
+  const TensorView tm = make_view(row_max.ptr, DType::kF32, {pb.b, pb.h, pb.s_q});
   const TensorView tdo = make_view(dout.ptr, DType::kBF16, {pb.b, pb.s_q, pb.h, pb.d});
-  Status st = attention_forward_cuda(tq, tk, tv, opt, to, tl, nullptr);
+  Status st = attention_forward_cuda(tq, tk, tv, opt, to, tl, nullptr, tm);
   if (!st.ok()) return st;
   const size_t es = grad_type == DType::kF32 ? 4 : 2;
   testing::GuardedBuffer dq(pb.nq() * es), dk(pb.nk() * es), dv(pb.nk() * es);
@@ -135,7 +138,8 @@ Status run_gpu(const Problem& pb, Inputs* in, DType grad_type, bool deterministi
   st = attention_backward_cuda(
       tq, tk, tv, opt, to, tl, tdo, make_view(dq.get(), grad_type, {pb.b, pb.s_q, pb.h, pb.d}),
       make_view(dk.get(), grad_type, {pb.b, pb.s_k, pb.h_kv, pb.d}),
-      make_view(dv.get(), grad_type, {pb.b, pb.s_k, pb.h_kv, pb.d}), bopt, nullptr);
+      make_view(dv.get(), grad_type, {pb.b, pb.s_k, pb.h_kv, pb.d}), bopt, nullptr, tm);
+  in->row_max = row_max.download();
   if (!st.ok()) return st;
   const cudaError_t e = cudaDeviceSynchronize();
   if (e != cudaSuccess)
@@ -228,6 +232,11 @@ TEST_P(BwdGpuShapes, MatchesEmulatedGolden) {
   Inputs in = make_inputs(pb, rng);
   Grads g;
   const Status st = run_gpu(pb, &in, DType::kF32, false, &g, kernel);
+  if (pb.recipe == Recipe::kNvfp4Fast && kernel == 1) {  // its codes are v2's only
+    EXPECT_TRUE(st.unsupported()) << st.message();
+    EXPECT_NE(st.message().find("v2 main kernel only"), std::string::npos) << st.message();
+    return;
+  }
   ASSERT_TRUE(st.ok()) << st.message();
   const GoldenGrads ref = run_golden(pb, in, BackwardArithmetic::kEmulatedFp8, DSource::kForwardO,
                                      ds_scales_of(kernel));
@@ -246,7 +255,42 @@ std::vector<Problem> shapes() {
       {1, 130, 130, 2, 2, 128, true, Recipe::kFp8},
       {1, 65, 190, 4, 2, 64, false, Recipe::kNvfp4},
       {2, 96, 96, 4, 2, 128, true, Recipe::kMxfp4},
+      {1, 200, 333, 4, 2, 128, true, Recipe::kNvfp4Fast},  // the exp-free codes, GQA, tails
+      {1, 333, 17, 4, 1, 64, true, Recipe::kNvfp4Fast},    // rows without keys
+      {2, 130, 130, 2, 2, 64, false, Recipe::kNvfp4Fast},
+      {1, 190, 260, 4, 2, 128, true, Recipe::kNvfp4All},  // exp2 P from the LSE, as fp8's
   };
+}
+
+// The forward's row_max is each row's integer log2 reference m = ceil(max z): an integer with
+// LSE log2 e = m - 8 + log2 l, where l (the denominator, in units of the top code 2^8) holds the
+// row's largest term, in (128, 256], and at most n_visible such terms: so 2^(LSE log2 e - m + 8) is
+// in (128, 256 n]. Rows without keys: m = -inf, LSE = +inf. For the codes (nvfp4-fast) and exp2.
+TEST(BwdGpu, RowMaxIsTheIntegerReference) {
+  SKIP_WITHOUT_GPU();
+  for (Recipe r : {Recipe::kNvfp4Fast, Recipe::kFp8}) {
+    const Problem pb{1, 300, 140, 2, 2, 128, true, r};  // rows 0..159 have no key (bottom-right)
+    const uint64_t seed = fresh_seed();
+    SCOPED_TRACE("seed " + std::to_string(seed) + " " + pb.name());
+    std::mt19937_64 rng(seed);
+    Inputs in = make_inputs(pb, rng);
+    Grads g;
+    ASSERT_TRUE(run_gpu(pb, &in, DType::kF32, false, &g, 2).ok());
+    int64_t bad = 0;
+    for (int64_t h = 0; h < pb.h; ++h) {
+      for (int64_t i = 0; i < pb.s_q; ++i) {
+        const float m = in.row_max[h * pb.s_q + i], lse = in.lse[h * pb.s_q + i];
+        const int64_t visible = std::max<int64_t>(0, i - (pb.s_q - pb.s_k) + 1);
+        if (visible == 0) {
+          bad += !(m == -INFINITY && lse == INFINITY);
+          continue;
+        }
+        const double l = std::exp2(double(lse) * 1.4426950408889634 - m + 8);
+        bad += !(m == std::floor(m) && l > 128 * (1 - 1e-5) && l <= 256 * visible * (1 + 1e-5));
+      }
+    }
+    EXPECT_EQ(bad, 0) << "rows whose row_max is not their integer reference";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, BwdGpuShapes,
@@ -549,8 +593,19 @@ TEST(BwdGpu, BadInputBeforeLaunch) {
   const TensorView gr = make_view(g.data(), DType::kF32, {b, s, h, d});
   const TensorView tl = make_view(lse.data(), DType::kF32, {b, h, s});
   ForwardOptions opt;
-  opt.recipe = Recipe::kNvfp4Fast;
+  opt.recipe = Recipe::kFp4Direct;
   Status st = attention_backward_cuda(x, x, x, opt, x, tl, x, gr, gr, gr, {}, nullptr);
+  EXPECT_TRUE(st.unsupported()) << st.message();
+  // nvfp4-fast: the forward's row_max is required, of lse's shape, and v1 has no codes.
+  opt.recipe = Recipe::kNvfp4Fast;
+  st = attention_backward_cuda(x, x, x, opt, x, tl, x, gr, gr, gr, {}, nullptr);
+  EXPECT_NE(st.message().find("row_max: required for 'nvfp4-fast'"), std::string::npos)
+      << st.message();
+  st = attention_backward_cuda(x, x, x, opt, x, tl, x, gr, gr, gr, {}, nullptr, gr);
+  EXPECT_NE(st.message().find("row_max"), std::string::npos) << st.message();
+  BackwardCudaOptions v1;
+  v1.kernel = 1;
+  st = attention_backward_cuda(x, x, x, opt, x, tl, x, gr, gr, gr, v1, nullptr, tl);
   EXPECT_TRUE(st.unsupported()) << st.message();
   opt.recipe = Recipe::kNvfp4;
   st = attention_backward_cuda(x, x, x, opt, x, TensorView{}, x, gr, gr, gr, {}, nullptr);

@@ -218,7 +218,7 @@ def test_opcheck_attn_quantized_ops():
     checks = ("test_autograd_registration", "test_faketensor")
     torch.library.opcheck(_ops.attn_quantized_fwd, args, test_utils=checks)
     o, lse = fp4attn.attn_quantized(ops, causal=True, return_lse=True, d_source="high-precision-o")
-    bwd = (dout, o.detach(), lse.detach(), None, q, k, v, *(None,) * 6, "nvfp4", 0.0, True,
+    bwd = (dout, o.detach(), lse.detach(), None, None, q, k, v, *(None,) * 6, "nvfp4", 0.0, True,
            "high-precision-o", 0.0, 2.0, 0.0, False)  # fmt: skip
     torch.library.opcheck(_ops.attn_quantized_bwd, bwd)
 

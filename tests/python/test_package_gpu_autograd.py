@@ -25,7 +25,7 @@ pytestmark = [
     pytest.mark.usefixtures("hopper"),  # conftest.py: skips unless the device runs the engine
 ]
 
-GPU_BACKWARD_RECIPES = ("fp8", "nvfp4", "nvfp4-hx", "mxfp4")
+GPU_BACKWARD_RECIPES = _ops.GPU_BACKWARD_RECIPES
 # test_package_gpu.py's bounds: the engine against the golden model (forward), and the GPU
 # backward's FP8 GEMM operands against the golden float64 gradients.
 MAX_REL_L2_VS_GOLDEN = 0.015
@@ -113,6 +113,19 @@ def test_attn_quantized_grads_equal_attn_func_bitwise(recipe, causal, d_source, 
     assert all(bool(torch.isfinite(g).all()) for g in got[2:])
 
 
+@pytest.mark.parametrize("recipe", ["nvfp4-fast", "nvfp4-all"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gpu_backward_follows_the_golden_model(recipe, causal):
+    """nvfp4-fast (P codes rebuilt from the forward's saved row_max) and nvfp4-all: attn_func's
+    CUDA gradients against the CPU golden model's of the same recipe."""
+    shape = SHAPES["mha-d128"]
+    q, k, v, dout = shaped_qkv(shape, seed=9)
+    got = func_grads(q, k, v, dout, recipe=recipe, causal=causal)
+    want = func_grads(*(t.cpu().float() for t in (q, k, v, dout)), recipe=recipe, causal=causal)
+    assert rel_l2(got[0].cpu(), want[0]) <= MAX_REL_L2_VS_GOLDEN
+    assert_grads_close(got[2:], want[2:], f"{recipe}: ")
+
+
 def test_attn_quantized_fp16_and_repeatable():
     q, k, v, dout = shaped_qkv(SHAPES["gqa-d64"], dtype=torch.float16, seed=2)
     with deterministic():
@@ -182,8 +195,8 @@ def test_backward_writes_every_gradient_element():
 def test_refusals():
     q, k, v, dout = shaped_qkv(SHAPES["gqa-d64"], seed=6)
     leaves = leaves_of(q, k, v)
-    o = fp4attn.attn_quantized(fp4attn.quantize_qkv(*leaves, recipe="nvfp4-fast"))
-    with pytest.raises(fp4attn.UnsupportedError, match="^recipe: 'nvfp4-fast' has no GPU backward"):
+    o = fp4attn.attn_quantized(fp4attn.quantize_qkv(*leaves, recipe="fp4-direct"))
+    with pytest.raises(fp4attn.UnsupportedError, match="^recipe: 'fp4-direct' has no GPU backward"):
         o.backward(dout)
     ops = fp4attn.quantize_qkv(q, k, v, recipe="fp8")  # no sources
     o = fp4attn.attn_quantized(ops.replace_q(leaves[0]))
@@ -203,8 +216,8 @@ def test_opcheck_cuda():
     args = (*leaves, *operands, "nvfp4", 0.0, True, torch.bfloat16, "high-precision-o",
             0.0, 0.0, 0.0, False)  # fmt: skip
     torch.library.opcheck(_ops.attn_quantized_fwd, args, test_utils=checks)
-    o, lse = _ops.attn_quantized_fwd(*(t.detach() for t in leaves), *args[3:])
-    bwd = (dout, o, lse, None, None, None, None, *operands, "nvfp4", 0.0, True,
+    o, lse, row_max = _ops.attn_quantized_fwd(*(t.detach() for t in leaves), *args[3:])
+    bwd = (dout, o, lse, row_max, None, None, None, None, *operands, "nvfp4", 0.0, True,
            "high-precision-o", 0.0, 0.0, 0.0, True)  # fmt: skip
     torch.library.opcheck(_ops.attn_quantized_bwd, bwd, test_utils=checks)
 

@@ -43,7 +43,8 @@ struct Case {
 std::string run_case(const Case& c, bool deterministic, const TimingConfig& tc) {
   const int64_t b = c.b, s = c.s, h = c.h, d = c.d;
   const int64_t n = b * s * h * d;
-  DeviceBuffer q(2 * n), k(2 * n), v(2 * n), o(2 * n), dout(2 * n), lse(4 * b * h * s);
+  DeviceBuffer q(2 * n), k(2 * n), v(2 * n), o(2 * n), dout(2 * n), lse(4 * b * h * s),
+      row_max(4 * b * h * s);
   DeviceBuffer dq(4 * n), dk(4 * n), dv(4 * n);
   cudaStream_t stream = nullptr;
   fill_random_bf16(q.get(), n, 1, stream);
@@ -58,8 +59,9 @@ std::string run_case(const Case& c, bool deterministic, const TimingConfig& tc) 
   const TensorView tv = make_view(v.get(), DType::kBF16, {b, s, h, d});
   const TensorView to = make_view(o.get(), DType::kBF16, {b, s, h, d});
   const TensorView tl = make_view(lse.get(), DType::kF32, {b, h, s});
+  const TensorView tm = make_view(row_max.get(), DType::kF32, {b, h, s});  // nvfp4-fast reads it
   const TensorView tdo = make_view(dout.get(), DType::kBF16, {b, s, h, d});
-  check(attention_forward_cuda(tq, tk, tv, opt, to, tl, stream), "forward");
+  check(attention_forward_cuda(tq, tk, tv, opt, to, tl, stream, tm), "forward");
   const int64_t tiles = operand_scale_tiles(s), pitch = operand_v_pitch(s);
   DeviceBuffer qd(n), kd(n), vd(b * h * d * pitch), qs(4 * b * h * tiles), ks(4 * b * h * tiles),
       vs(4 * b * h * d);
@@ -87,8 +89,9 @@ std::string run_case(const Case& c, bool deterministic, const TimingConfig& tc) 
   const char* kernel = v1 ? "v1" : "v2";
   const Timing t = time_launches(
       [&](int) {
-        check(attention_backward_operands_cuda(in, opt, to, tl, tdo, tdq, tdk, tdv, bopt, stream),
-              "backward");
+        check(
+            attention_backward_operands_cuda(in, opt, to, tl, tdo, tdq, tdk, tdv, bopt, stream, tm),
+            "backward");
       },
       1, tc, stream);
   BENCH_CUDA(cudaStreamSynchronize(stream));

@@ -55,7 +55,8 @@ Status attention_forward_p_dump_cuda(const ForwardOperands& in, const ForwardOpt
   if (p_dump == nullptr || m_dump == nullptr) return Status::Invalid("P dump: null buffer");
   const PDumpLayout l = p_dump_layout(sh.d, sh.s_k);
   sm90::FwdParams p;
-  FP4ATTN_RETURN_IF_ERROR(sm90::make_forward_params(in, opt, sh, o, lse, l.block_keys, &p));
+  FP4ATTN_RETURN_IF_ERROR(
+      sm90::make_forward_params(in, opt, sh, o, lse, TensorView{}, l.block_keys, &p));
   const sm90::PDump dump{p_dump, m_dump, l.key_stride(), int(l.blocks)};
   if (sh.d == 64) return launch_dump<64, sm90::kPExp2, sm90::kWideN>(p, dump, stream);
   switch (opt.recipe) {

@@ -381,6 +381,15 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D, PM, N>& sm, int cw, 
       }
     }
   }
+  if (p.row_max != nullptr && t == 0) {
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      if (rows[h2] < p.s_q) {
+        p.row_max[int64_t(batch) * p.row_max_stride_b + int64_t(head) * p.row_max_stride_h +
+                  rows[h2]] = inv[h2] == 0.f ? -INFINITY : st.m[h2];
+      }
+    }
+  }
 }
 
 template <int D, int PM, int N, class Dump>

@@ -109,7 +109,7 @@ Status forward_grid(const FwdParams& p, dim3* grid) {
 
 Status make_forward_params(const ForwardOperands& in, const ForwardOptions& opt,
                            const ForwardShape& sh, const TensorView& o, const TensorView& lse,
-                           int n, FwdParams* out) {
+                           const TensorView& row_max, int n, FwdParams* out) {
   FwdParams p{};
   const int d = int(sh.d);
   // s_k = 0 gives rows without keys: the kernel then loads nothing, but the
@@ -136,6 +136,9 @@ Status make_forward_params(const ForwardOperands& in, const ForwardOptions& opt,
   p.lse = lse.defined() ? lse.as<float>() : nullptr;
   p.lse_stride_b = lse.defined() ? lse.stride[0] : 0;
   p.lse_stride_h = lse.defined() ? lse.stride[1] : 0;
+  p.row_max = row_max.defined() ? row_max.as<float>() : nullptr;
+  p.row_max_stride_b = row_max.defined() ? row_max.stride[0] : 0;
+  p.row_max_stride_h = row_max.defined() ? row_max.stride[1] : 0;
   p.b = int(sh.b);
   p.h = int(sh.h);
   p.h_kv = int(sh.h_kv);
@@ -172,9 +175,10 @@ Status check_forward_device() {
 
 Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardOptions& opt,
                                        const TensorView& o, const TensorView& lse,
-                                       cudaStream_t stream) {
+                                       cudaStream_t stream, const TensorView& row_max) {
   ForwardShape sh;
   FP4ATTN_RETURN_IF_ERROR(validate_forward_operands(in, opt, o, lse, &sh));
+  if (row_max.defined()) FP4ATTN_RETURN_IF_ERROR(check_row_stats(row_max, "row_max", sh));
   FP4ATTN_RETURN_IF_ERROR(check_forward_device());
   if (sh.b == 0 || sh.h == 0 || sh.s_q == 0) return Status::Ok();
 
@@ -183,8 +187,8 @@ Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardO
   const bool wide = sm90::fwd_wide_block(d, opt.causal, sh.s_k) &&
                     opt.recipe != Recipe::kFp4Direct && opt.recipe != Recipe::kNvfp4All;
   FwdParams p;
-  FP4ATTN_RETURN_IF_ERROR(
-      sm90::make_forward_params(in, opt, sh, o, lse, wide ? sm90::kWideN : sm90::kNarrowN, &p));
+  FP4ATTN_RETURN_IF_ERROR(sm90::make_forward_params(in, opt, sh, o, lse, row_max,
+                                                    wide ? sm90::kWideN : sm90::kNarrowN, &p));
   if (opt.recipe == Recipe::kNvfp4Fast) {
     if (d == 128) return launch<128, sm90::kPCodes, sm90::kNarrowN>(p, stream);
     return wide ? launch<64, sm90::kPCodes, sm90::kWideN>(p, stream)
@@ -205,14 +209,15 @@ Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardO
 
 Status attention_forward_cuda(const TensorView& q, const TensorView& k, const TensorView& v,
                               const ForwardOptions& opt, const TensorView& o, const TensorView& lse,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, const TensorView& row_max) {
   ForwardShape sh;
   FP4ATTN_RETURN_IF_ERROR(validate_forward_inputs(q, k, v, opt, o, lse, &sh));
+  if (row_max.defined()) FP4ATTN_RETURN_IF_ERROR(check_row_stats(row_max, "row_max", sh));
   FP4ATTN_RETURN_IF_ERROR(check_forward_device());
   if (sh.b == 0 || sh.h == 0 || sh.s_q == 0) return Status::Ok();
 
   return with_quantized_operands(q, k, v, opt, sh, stream, [&](const ForwardOperands& in) {
-    return attention_forward_operands_cuda(in, opt, o, lse, stream);
+    return attention_forward_operands_cuda(in, opt, o, lse, stream, row_max);
   });
 }
 

@@ -30,6 +30,10 @@ struct FwdParams {
   int64_t o_stride_b, o_stride_s, o_stride_h;  // elements
   float* lse;                                  // [b, h, s_q] (row stride 1) or null
   int64_t lse_stride_b, lse_stride_h;          // elements
+  // The integer log2 reference m of each row (-inf without keys), which the exp-free recipes'
+  // backward rebuilds P from: [b, h, s_q] (row stride 1) or null.
+  float* row_max;
+  int64_t row_max_stride_b, row_max_stride_h;
   int b, h, h_kv, s_q, s_k;
   int m_tiles, n_tiles;  // ceil(s_q / 128), ceil(s_k / 128)
   float scale_log2;      // softmax_scale * log2(e)

@@ -13,10 +13,11 @@
 namespace fp4attn::sm90 {
 
 // Kernel parameters of a validated call (sh from validate_forward_operands, b, h and s_q > 0)
-// whose K/V stages hold n keys (128 or 256): TMA maps, factors, output and LSE addressing.
+// whose K/V stages hold n keys (128 or 256): TMA maps, factors, output, LSE and row_max
+// addressing (lse and row_max may be undefined).
 Status make_forward_params(const ForwardOperands& in, const ForwardOptions& opt,
                            const ForwardShape& sh, const TensorView& o, const TensorView& lse,
-                           int n, FwdParams* p);
+                           const TensorView& row_max, int n, FwdParams* p);
 
 // The persistent grid: min(tiles, SMs) CTAs (one per tile with FP4ATTN_FWD_PERSISTENT=0).
 Status forward_grid(const FwdParams& p, dim3* grid);

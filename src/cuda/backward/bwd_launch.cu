@@ -46,7 +46,7 @@ void bshd_strides(const TensorView& t, int64_t (&s)[3]) {
 Status run_backward(const ForwardOperands& in, const ForwardOptions& opt, const TensorView& o,
                     const TensorView& lse, const TensorView& dout, const TensorView& dq,
                     const TensorView& dk, const TensorView& dv, const BackwardCudaOptions& bopt,
-                    const ForwardShape& sh, cudaStream_t stream) {
+                    const TensorView& row_max, const ForwardShape& sh, cudaStream_t stream) {
   if (sh.b == 0 || sh.h == 0 || (sh.s_q == 0 && sh.s_k == 0)) return Status::Ok();
   BwdParams p{};
   p.q = in.q_data.as<uint8_t>();
@@ -64,6 +64,12 @@ Status run_backward(const ForwardOperands& in, const ForwardOptions& opt, const 
   p.lse = lse.as<float>();
   p.lse_stride[0] = lse.stride[0];
   p.lse_stride[1] = lse.stride[1];
+  p.p_codes = backward_needs_row_max(opt.recipe);
+  if (p.p_codes) {
+    p.row_max = row_max.as<float>();
+    p.row_max_stride[0] = row_max.stride[0];
+    p.row_max_stride[1] = row_max.stride[1];
+  }
   p.dq = dq.data;
   p.dk = dk.data;
   p.dv = dv.data;
@@ -170,30 +176,34 @@ Status attention_backward_operands_cuda(const ForwardOperands& in, const Forward
                                         const TensorView& o, const TensorView& lse,
                                         const TensorView& dout, const TensorView& dq,
                                         const TensorView& dk, const TensorView& dv,
-                                        const BackwardCudaOptions& bopt, cudaStream_t stream) {
+                                        const BackwardCudaOptions& bopt, cudaStream_t stream,
+                                        const TensorView& row_max) {
   ForwardShape sh;
   FP4ATTN_RETURN_IF_ERROR(validate_backward_operands(in, opt, o, lse, dout, dq, dk, dv, &sh));
   FP4ATTN_RETURN_IF_ERROR(validate_backward_options(bopt));
+  FP4ATTN_RETURN_IF_ERROR(validate_backward_row_max(opt, bopt, row_max, sh));
   FP4ATTN_RETURN_IF_ERROR(check_forward_device());
   if (sh.s_q == 0) return zero_kv_grads(dk, dv, stream);
-  return run_backward(in, opt, o, lse, dout, dq, dk, dv, bopt, sh, stream);
+  return run_backward(in, opt, o, lse, dout, dq, dk, dv, bopt, row_max, sh, stream);
 }
 
 Status attention_backward_cuda(const TensorView& q, const TensorView& k, const TensorView& v,
                                const ForwardOptions& opt, const TensorView& o,
                                const TensorView& lse, const TensorView& dout, const TensorView& dq,
                                const TensorView& dk, const TensorView& dv,
-                               const BackwardCudaOptions& bopt, cudaStream_t stream) {
+                               const BackwardCudaOptions& bopt, cudaStream_t stream,
+                               const TensorView& row_max) {
   ForwardShape sh;
   FP4ATTN_RETURN_IF_ERROR(validate_backward_inputs(q, k, v, opt, o, lse, dout, dq, dk, dv, &sh));
   FP4ATTN_RETURN_IF_ERROR(validate_backward_options(bopt));
+  FP4ATTN_RETURN_IF_ERROR(validate_backward_row_max(opt, bopt, row_max, sh));
   FP4ATTN_RETURN_IF_ERROR(check_forward_device());
   if (sh.s_q == 0) return zero_kv_grads(dk, dv, stream);
   if (sh.b == 0 || sh.h == 0) return Status::Ok();
 
   // The forward's operands again (same quantizers, same bytes).
   return with_quantized_operands(q, k, v, opt, sh, stream, [&](const ForwardOperands& in) {
-    return run_backward(in, opt, o, lse, dout, dq, dk, dv, bopt, sh, stream);
+    return run_backward(in, opt, o, lse, dout, dq, dk, dv, bopt, row_max, sh, stream);
   });
 }
 

@@ -21,6 +21,11 @@ struct BwdParams {
   bool o_f16, do_f16;
   const float* lse;  // [b, h, s_q] with strides (batch, head), seq stride 1
   int64_t lse_stride[2];
+  // nvfp4-fast (v2 only): P from the exp-free code map of the forward, rebuilt from its integer
+  // row reference m (row_max [b, h, s_q], strides as lse's).
+  bool p_codes;
+  const float* row_max;
+  int64_t row_max_stride[2];
 
   // Workspace.
   float* dsum;  // D [b, h, s_q] (the gradient pass: dsum_hp when DSource::kHighPrecisionO)

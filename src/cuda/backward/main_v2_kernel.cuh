@@ -36,8 +36,9 @@ namespace fp4attn::bwd {
 // the deterministic dQ turn; consumer warpgroup cw's dQ tile is staged (kV2DqBarrier + cw).
 constexpr int kV2DsBarrier = 1;
 constexpr int kV2TurnBarrier = 2;
-constexpr int kV2DqBarrier = 3;       // and 4: per consumer warpgroup
-constexpr int kV2TileMaxBarrier = 5;  // the gradient pass's tile max of |dS| (both warpgroups)
+constexpr int kV2DqBarrier = 3;           // and 4: per consumer warpgroup
+constexpr int kV2TileMaxBarrier = 5;      // the gradient pass's tile max of |dS| (both warpgroups)
+constexpr float kCodeMagic = 12582912.f;  // 1.5 2^23: integers in a float's low mantissa bits
 
 // Barrier kBase + cw over warpgroup cw's 128 threads. The id is an immediate, so that ptxas
 // counts the barriers the kernel names, not all 16.
@@ -166,8 +167,25 @@ __device__ __forceinline__ void v2_load_kv(const BwdParams& p, V2Smem<D, kAmax>&
   }
 }
 
+// nvfp4-fast (numerics.md §4): the forward's P is the E4M3 code c = clamp(RNE(8 (z - m)) + 120, 0,
+// 120) over the denominator l (the sum of the codes' values), so 2^8 p = value(c) 2^(m - LSE log2
+// e) (LSE log2 e = m - 8 + log2 l). Per query row i: bias = 1.5 2^23 + 120 - 8 m (the FFMA lands c
+// in the low mantissa bits, as the forward's) and pscale = 2^(120 + m - LSE log2 e), whose 2^120
+// undoes the code's placement in v2_p_elements. Rows past s_q or without keys: P = 0.
+__device__ __forceinline__ void v2_code_rows(const BwdParams& p, int bb, int hq, int64_t i, bool in,
+                                             float* bias, float* pscale) {
+  float m = -INFINITY, lse = INFINITY;
+  if (in) {
+    m = p.row_max[bb * p.row_max_stride[0] + hq * p.row_max_stride[1] + i];
+    lse = p.lse[bb * p.lse_stride[0] + hq * p.lse_stride[1] + i];
+  }
+  const bool keys = m > -INFINITY && lse < INFINITY;
+  *bias = keys ? kCodeMagic + 120.f - 8.f * m : kCodeMagic;
+  *pscale = keys ? exp2f(120.f + m - lse * 1.4426950408889634f) : 0.f;
+}
+
 // Warp 0: the (head, query block) steps' tiles into the stage ring.
-template <int D, bool kAmax>
+template <int D, bool kAmax, bool kCodes>
 __device__ __forceinline__ void v2_produce(const BwdV2Params& P, V2Smem<D, kAmax>& sm, int bb,
                                            int hk, int mb_begin, int mb_end) {
   const BwdParams& p = P.p;
@@ -195,10 +213,14 @@ __device__ __forceinline__ void v2_produce(const BwdV2Params& P, V2Smem<D, kAmax
         const int il = r * 32 + lane;
         const int64_t i = q0 + il;
         const bool in = i < p.s_q;
-        // LSE * log2 e - 8: exp2 of z minus it is 2^8 p, the P operand's lift (kPLiftLog2).
-        sm.lse2[s][il] = in ? fmaf(p.lse[bb * p.lse_stride[0] + hq * p.lse_stride[1] + i],
-                                   1.4426950408889634f, -float(kPLiftLog2))
-                            : __int_as_float(0x7f800000);
+        if constexpr (kCodes) {
+          v2_code_rows(p, bb, hq, i, in, &sm.lse2[s][il], &sm.pscale[s][il]);
+        } else {
+          // LSE * log2 e - 8: exp2 of z minus it is 2^8 p, the P operand's lift (kPLiftLog2).
+          sm.lse2[s][il] = in ? fmaf(p.lse[bb * p.lse_stride[0] + hq * p.lse_stride[1] + i],
+                                     1.4426950408889634f, -float(kPLiftLog2))
+                              : __int_as_float(0x7f800000);
+        }
         sm.dsum[s][il] = in ? p.dsum[int64_t(bh) * p.s_q + i] : 0.f;
       }
       if (lane == 0) {
@@ -388,33 +410,54 @@ __device__ __forceinline__ float2 v2_col_pair(const float* v, int j, int t) {
   return *reinterpret_cast<const float2*>(v + accum_col(4 * j, t));
 }
 
-// P lifted: sc = 2^8 p = exp2(S c - (LSE log2 e - 8)), MUFU.EX2 alone (flush to zero below 2^-126,
-// where the P operand and every dS byte are 0 anyway), 0 where masked.
-template <bool kMasked>
+// The step's factor of the raw scores: z = S zc (exp2 recipes); for the codes 8 z, with the
+// product in the forward's order (q_scale scale_log2) k_scale, so that the codes are the forward's.
+template <bool kCodes>
+__device__ __forceinline__ float v2_score_factor(float qs, float ks, float scale_log2) {
+  if constexpr (kCodes) return 8.f * ((qs * scale_log2) * ks);
+  return qs * ks * scale_log2;
+}
+
+// P lifted, sc = 2^8 p, 0 where masked. exp2 recipes: exp2(S c - (LSE log2 e - 8)), MUFU.EX2
+// alone (flush to zero below 2^-126, where the P operand and every dS byte are 0 anyway).
+// kCodes (nvfp4-fast, v2_code_rows): the code c = max(RNE(S 8c + bias), 1.5 2^23) - 1.5 2^23;
+// shifted left by 20 its bits are a float worth value(c) 2^-120 (exponent field c >> 3, mantissa
+// (c & 7) << 20; codes below 8 land as FP32 subnormals, exact as E4M3's), and pscale restores
+// 2^120 / l 2^(m + 8 - m). The FMUL must not flush subnormals (no -ftz here).
+template <bool kMasked, bool kCodes>
 __device__ __forceinline__ void v2_p_elements(float (&sc)[32], const V2Mask& m, const float* lse2,
-                                              float zc, int t) {
+                                              const float* pscale, float zc, int t) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const float2 l = v2_col_pair(lse2, j, t);
+    float2 ps;
+    if constexpr (kCodes) ps = v2_col_pair(pscale, j, t);
 #pragma unroll
     for (int e = 4 * j; e < 4 * j + 4; ++e) {
-      const float pv = sm90::fast_exp2(fmaf(sc[e], zc, -((e & 1) ? l.y : l.x)));
+      float pv;
+      if constexpr (kCodes) {
+        const float code = fmaxf(fmaf(sc[e], zc, (e & 1) ? l.y : l.x), kCodeMagic);
+        pv = __uint_as_float(__float_as_uint(code) << 20) * ((e & 1) ? ps.y : ps.x);
+      } else {
+        pv = sm90::fast_exp2(fmaf(sc[e], zc, -((e & 1) ? l.y : l.x)));
+      }
       sc[e] = (!kMasked || m.visible(e, t)) ? pv : 0.f;
     }
   }
 }
 
+template <bool kCodes>
 __device__ __forceinline__ void v2_p_step(float (&sc)[32], const V2Mask& m, const float* lse2,
-                                          float zc, int t) {
+                                          const float* pscale, float zc, int t) {
   if (m.full) {
-    v2_p_elements<false>(sc, m, lse2, zc, t);
+    v2_p_elements<false, kCodes>(sc, m, lse2, pscale, zc, t);
   } else {
-    v2_p_elements<true>(sc, m, lse2, zc, t);
+    v2_p_elements<true, kCodes>(sc, m, lse2, pscale, zc, t);
   }
 }
 
 // Gradient pass, consumer warpgroup cw (0, 1): keys n0 + 64cw.. of the block.
-template <int D, bool kDqBulk>
+template <int D, bool kDqBulk, bool kCodes>
 __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap* tm_dq,
                                            V2Smem<D, false>& sm, int cw, int bb, int hk, int n,
                                            int mb_begin, int mb_end) {
@@ -469,7 +512,7 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
       float sc[32], dp[32];
       sm90::mbar_wait(&sm.full[s], v2_parity<kStages>(it));
       const float qs = sm.q_scale[s];  // the producer's copy: no global load on this path
-      const float zc = qs * ks * p.scale_log2;
+      const float zc = v2_score_factor<kCodes>(qs, ks, p.scale_log2);
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 32; ++kk) {
@@ -486,7 +529,7 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
       const float* dsum = sm.dsum[s];
       sm90::wgmma_wait<1>();
       v2_fence(sc);
-      v2_p_step(sc, mask, sm.lse2[s], zc, t);
+      v2_p_step<kCodes>(sc, mask, sm.lse2[s], sm.pscale[s], zc, t);
       v2_fence(sc);  // P is computed here, while the dP^T wgmmas run, not after their wait
       sm90::wgmma_wait<0>();
       v2_fence(dp);
@@ -719,7 +762,7 @@ __device__ __forceinline__ void v2_add_d_hp(const BwdParams& p, V2Smem<D, true>&
 // (cw: the steps it with it % 2 == cw), each over all 128 keys (two 64-key tiles), so that they
 // run out of phase: one's element work under the other's wgmmas (in the gradient pass they share
 // every step through dQ).
-template <int D>
+template <int D, bool kCodes>
 __device__ __forceinline__ void v2_consume_amax(const BwdParams& p, V2Smem<D, true>& sm, int cw,
                                                 int bb, int hk, int n, int mb_begin, int mb_end) {
   constexpr int kStages = V2Smem<D, true>::kStages;
@@ -772,7 +815,10 @@ __device__ __forceinline__ void v2_consume_amax(const BwdParams& p, V2Smem<D, tr
       v2_fence(sc[0]);
       v2_fence(sc[1]);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) v2_p_step(sc[r], mask[r], sm.lse2[s], qs * ks * p.scale_log2, t);
+      for (int r = 0; r < 2; ++r) {
+        v2_p_step<kCodes>(sc[r], mask[r], sm.lse2[s], sm.pscale[s],
+                          v2_score_factor<kCodes>(qs, ks, p.scale_log2), t);
+      }
       v2_fence(sc[0]);  // P is computed here, while the dP^T wgmmas run, not after their wait
       v2_fence(sc[1]);
       sm90::wgmma_wait<0>();
@@ -822,7 +868,7 @@ __device__ __forceinline__ void v2_consume_amax(const BwdParams& p, V2Smem<D, tr
   }
 }
 
-template <int D, bool kAmax, bool kDqBulk>
+template <int D, bool kAmax, bool kDqBulk, bool kCodes>
 __global__ void __launch_bounds__(kV2Threads, 1)
     bwd_main_v2_kernel(const __grid_constant__ BwdV2Params P) {
   const BwdParams& p = P.p;
@@ -853,13 +899,13 @@ __global__ void __launch_bounds__(kV2Threads, 1)
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     sm90::setmaxnreg_dec<24>();
-    if (threadIdx.x < 32) v2_produce<D, kAmax>(P, sm, bb, hk, mb_begin, mb_end);
+    if (threadIdx.x < 32) v2_produce<D, kAmax, kCodes>(P, sm, bb, hk, mb_begin, mb_end);
   } else {
     sm90::setmaxnreg_inc<240>();
     if constexpr (kAmax) {
-      v2_consume_amax<D>(p, sm, wg - 1, bb, hk, n, mb_begin, mb_end);
+      v2_consume_amax<D, kCodes>(p, sm, wg - 1, bb, hk, n, mb_begin, mb_end);
     } else {
-      v2_consume<D, kDqBulk>(p, &P.tm_dq, sm, wg - 1, bb, hk, n, mb_begin, mb_end);
+      v2_consume<D, kDqBulk, kCodes>(p, &P.tm_dq, sm, wg - 1, bb, hk, n, mb_begin, mb_end);
     }
   }
 }
