@@ -757,8 +757,9 @@ __device__ __forceinline__ void v2_add_d_hp(const BwdParams& p, V2Smem<D, true>&
   }
 }
 
-// Amax pass, consumer warpgroup cw: the max |dS k_scale| and |dS q_scale| of the block's keys
-// per (batch, head), and D_hp (DSource::kHighPrecisionO). The two warpgroups take alternate steps
+// Amax pass, consumer warpgroup cw: D_hp (DSource::kHighPrecisionO, the only case that runs it
+// since dS's scales are per tile: its name is from when it also found their per-head maxima, and
+// v1's amax pass still does). The two warpgroups take alternate steps
 // (cw: the steps it with it % 2 == cw), each over all 128 keys (two 64-key tiles), so that they
 // run out of phase: one's element work under the other's wgmmas (in the gradient pass they share
 // every step through dQ).
@@ -779,7 +780,6 @@ __device__ __forceinline__ void v2_consume_amax(const BwdParams& p, V2Smem<D, tr
   for (int hq = hk * group; hq < (hk + 1) * group; ++hq) {
     const int64_t bh = int64_t(bb) * p.h + hq;
     const Pow2 dp_unit(-pow2_scale_exp(p.amax[bh * kAmaxSlots + kAmaxDoFv], kE5m2Top));
-    float m_k = 0.f, m_q = 0.f;  // this thread's max |dS k_scale|, |dS q_scale|
     for (int mb = mb_begin; mb < mb_end; ++mb, ++it) {
       if ((it & 1) != cw) continue;
       const int s = v2_stage<kStages>(it);
@@ -824,39 +824,17 @@ __device__ __forceinline__ void v2_consume_amax(const BwdParams& p, V2Smem<D, tr
       sm90::wgmma_wait<0>();
       v2_fence(dp[0]);
       v2_fence(dp[1]);
-      // max |2^8 dS| of the thread's elements; |dS k_scale| and |dS q_scale| from it (a positive
-      // factor commutes with the max: the same bits).
-      const float* dsum = sm.dsum[s];
-      auto amax_elements = [&](float(&sr)[32], float(&dr)[32], const V2Mask& mr, auto single,
-                               auto masked) {
-        float m = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float2 dd = v2_col_pair(dsum, j, t);
-#pragma unroll
-          for (int e = 4 * j; e < 4 * j + 4; ++e) {
-            dr[e] = dp_unit.apply<decltype(single)::value>(dr[e]);  // dP as dS (and D_hp) see it
-            const float dse = sr[e] * (dr[e] - ((e & 1) ? dd.y : dd.x));
-            m = fmaxf(m, fabsf((!decltype(masked)::value || mr.visible(e, t)) ? dse : 0.f));
-          }
-        }
-        return m;
-      };
-      float m = 0.f;
+      // dP as dS and D_hp see it (2^-g' undone).
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         if (dp_unit.single()) {
-          m = fmaxf(m,
-                    mask[r].full
-                        ? amax_elements(sc[r], dp[r], mask[r], std::true_type{}, std::false_type{})
-                        : amax_elements(sc[r], dp[r], mask[r], std::true_type{}, std::true_type{}));
+#pragma unroll
+          for (int e = 0; e < 32; ++e) dp[r][e] = dp_unit.apply<true>(dp[r][e]);
         } else {
-          m = fmaxf(m, amax_elements(sc[r], dp[r], mask[r], std::false_type{}, std::true_type{}));
+#pragma unroll
+          for (int e = 0; e < 32; ++e) dp[r][e] = dp_unit.apply<false>(dp[r][e]);
         }
       }
-      m *= 1.f / float(1 << kPLiftLog2);
-      m_k = fmaxf(m_k, m * ks);
-      m_q = fmaxf(m_q, m * qs);
       // The stage (tiles, LSE, D) is no longer read by this thread: every thread of the
       // warpgroup that ran the step arrives (v2_empty_arrivals), each releasing its own loads.
       sm90::mbar_arrive(&sm.empty[s]);
@@ -864,7 +842,6 @@ __device__ __forceinline__ void v2_consume_amax(const BwdParams& p, V2Smem<D, tr
       if (p.dsum_hp != nullptr) v2_add_d_hp<D>(p, sm, sc, dp, local, cw, n, bh, mb);
       ++local;
     }
-    flush_ds_amax(p.amax + bh * kAmaxSlots, m_k, m_q);
   }
 }
 
