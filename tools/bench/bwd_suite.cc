@@ -117,6 +117,7 @@ int bwd_main(int argc, char** argv, const std::string& command) {
   std::vector<Recipe> recipes = {Recipe::kNvfp4};
   std::string out = "bwd.json";
   bool quick = false, deterministic = false;
+  std::string revision = FP4ATTN_BENCH_REVISION;  // configure time: may predate the build
   TimingConfig tc;
   int device = 0;
   for (int i = 0; i < argc; ++i) {
@@ -150,10 +151,12 @@ int bwd_main(int argc, char** argv, const std::string& command) {
       tc.reps = std::atoi(value().c_str());
     } else if (a == "--device") {
       device = std::atoi(value().c_str());
+    } else if (a == "--revision") {
+      revision = value();
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "fp4attn_bench bwd [--recipes nvfp4,fp8] [--quick] [--deterministic] [--json FILE] "
-          "[--reps N] [--device N]\n  times the GPU backward alone, d=128 causal, 16k tokens, "
+          "[--reps N] [--device N] [--revision SHA]\n  times the GPU backward alone, d=128 causal, 16k tokens, "
           "h=16, s in {4096, 8192, 16384} (--quick: 4096 only)\n");
       return 0;
     } else {
@@ -171,7 +174,7 @@ int bwd_main(int argc, char** argv, const std::string& command) {
     }
   }
   JsonObject top;
-  top.str("suite", "bwd").str("revision", FP4ATTN_BENCH_REVISION).str("command", command);
+  top.str("suite", "bwd").str("revision", revision).str("command", command);
   top.str("utc", utc_now_iso()).str("device", dev.name);
   top.str("flops_convention", "2.5 x forward FLOPs (4 b h s_q s_k d, x0.5 causal)");
   top.raw("results", json_array_lines(rows));
