@@ -3,7 +3,12 @@
 record (bench/results/fwd.json, DESIGN.md's schema).
 
     python3 bench/fwd_record.py OURS.json PEERS.json -o fwd.json [--command "scripts/gpu-check ..."]
+                                [--bound NOSM.json]
     python3 bench/fwd_record.py --selftest
+
+--bound: fp4attn_bench fwd JSON of the -DFP4ATTN_FWD_NO_SOFTMAX=1 build (issue 6's bound: the
+softmax replaced by a constant P, wrong results); its fp8 records join ours as recipe
+"bound-no-softmax" (their cos / rel_l2 dropped: they measure nothing).
 
 records: one per recipe x grid point x peer: our fields (ms, ms_min, ms_max, reps, tflops,
 quant_ms and its q/k/v parts, cos, rel_l2 on the sampled rows, sm_mhz) with `peer`, `peer_ms`,
@@ -103,7 +108,22 @@ def summarize(records):
     return out
 
 
-def merge(ours, peers_doc, command=None):
+BOUND = "bound-no-softmax"
+
+
+def bound_records(nosm):
+    """The no-softmax build's fp8 records, renamed to the bound recipe, errors dropped."""
+    out = []
+    for r in nosm.get("records", []):
+        if r.get("recipe") != "fp8":
+            continue
+        r = {k: v for k, v in r.items() if k not in ("cos", "rel_l2", "max_abs", "nan_mismatch")}
+        r["recipe"] = BOUND
+        out.append(r)
+    return out
+
+
+def merge(ours, peers_doc, command=None, nosm=None):
     warnings = []
     for field in ("revision", "device"):
         if ours.get(field) != peers_doc.get(field):
@@ -114,7 +134,10 @@ def merge(ours, peers_doc, command=None):
     peer_recs = {(key(r), r["peer"]): r for r in peers_doc.get("records", [])}
 
     records = []
-    for r in ours.get("records", []):
+    bound = bound_records(nosm) if nosm is not None else []
+    if nosm is not None and nosm.get("revision") != ours.get("revision"):
+        warnings.append(f"revision differs: bound build {nosm.get('revision')!r}")
+    for r in ours.get("records", []) + bound:
         for p in PEERS:
             records.append(merge_record(r, p, peer_recs.get((key(r), p))))
     missing = sorted({r["case"] for r in ours.get("records", [])
@@ -140,7 +163,8 @@ def merge(ours, peers_doc, command=None):
         "device": ours.get("device"),
         "date": ours.get("date"),
         "command": command or ours.get("command"),
-        "commands": {"fp4attn_bench": ours.get("command"), "peers": peers_doc.get("command")},
+        "commands": {"fp4attn_bench": ours.get("command"), "peers": peers_doc.get("command"),
+                     **({"bound": nosm.get("command")} if nosm is not None else {})},
         "software": peers_doc.get("software"),
         "ceilings": ceilings,
         "sm_clock_mhz": ours.get("sm_clock_mhz"),
@@ -232,6 +256,13 @@ def selftest():
     assert doc["summary"]["fp8"]["points"] == 20 and doc["summary"]["mxfp4"]["errors"] == 1
     assert doc["ceilings"]["fp8_gemm_tflops"] == 1450.0 and doc["ceilings"]["copy_tbps"] == 4.3
     assert doc["sm_clock_mhz"] == 1980 and "warnings" not in doc, doc.get("warnings")
+    nosm = {"revision": "abc123", "command": "nosm/fp4attn_bench fwd",
+            "records": [dict(r, ms=r["ms"] / 2) for r in ours["records"] if "ms" in r]}
+    with_bound = merge(ours, peers_doc, nosm=nosm)
+    bound = [r for r in with_bound["records"] if r["recipe"] == BOUND]
+    assert len(bound) == 2 * sum(r["recipe"] == "fp8" for r in ours["records"]), len(bound)
+    assert all("cos" not in r and "speedup" in r for r in bound)
+    assert with_bound["summary"][BOUND]["points"] == 20 and "warnings" not in with_bound
     peers_doc["revision"] = "other"
     assert any("revision" in w for w in merge(ours, peers_doc)["warnings"])
     with tempfile.TemporaryDirectory() as tmp:  # the JSON round trip
@@ -248,6 +279,8 @@ def main():
     ap.add_argument("peers", nargs="?", help="bench/fwd_peers.py JSON")
     ap.add_argument("-o", "--out", help="merged JSON (default: fwd.json beside OURS)")
     ap.add_argument("--command", help="the command of record (e.g. the gpu-check call)")
+    ap.add_argument("--bound", metavar="NOSM.json",
+                    help="fp4attn_bench fwd JSON of the FP4ATTN_FWD_NO_SOFTMAX=1 build")
     ap.add_argument("--selftest", action="store_true", help="merge synthetic inputs and check")
     ap.add_argument("--synthetic", metavar="DIR",
                     help="write synthetic OURS/PEERS inputs to DIR (to try the scripts)")
@@ -266,7 +299,11 @@ def main():
         ours = json.load(f)
     with open(args.peers) as f:
         peers_doc = json.load(f)
-    doc = merge(ours, peers_doc, args.command)
+    nosm = None
+    if args.bound:
+        with open(args.bound) as f:
+            nosm = json.load(f)
+    doc = merge(ours, peers_doc, args.command, nosm)
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.ours)), "fwd.json")
     write_json(doc, out)
     for w in doc.get("warnings", []):
