@@ -21,7 +21,7 @@ namespace fp4attn {
 // lse: FP32 [b, h, s_q] (natural log; +inf for rows without keys) or undefined.
 // row_max: FP32 [b, h, s_q] or undefined: each row's integer log2 reference m = ceil(max_j z_j)
 // (z = the scores times softmax_scale * log2 e; -inf for rows without keys). The backward of the
-// exp-free recipe nvfp4-fast rebuilds its P codes from it (attention_bwd_cuda.h).
+// exp-free recipes nvfp4-fast and fp4-direct rebuilds their P codes from it (attention_bwd_cuda.h).
 Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardOptions& opt,
                                        const TensorView& o, const TensorView& lse,
                                        cudaStream_t stream, const TensorView& row_max = {});

@@ -352,9 +352,9 @@ def repack_operand(
 
 # ---- backward (CPU: the golden model; CUDA: the GPU backward of the exp2 recipes) ---------------
 
-# The recipes whose backward runs on the GPU (docs/kernels/bwd_sm90.md); nvfp4-fast's needs the
-# forward's row_max (attn_quantized_fwd saves it).
-GPU_BACKWARD_RECIPES = ("fp8", "nvfp4", "nvfp4-hx", "mxfp4", "nvfp4-all", "nvfp4-fast")
+# The recipes whose backward runs on the GPU (docs/kernels/bwd_sm90.md): every engine recipe;
+# nvfp4-fast's and fp4-direct's need the forward's row_max (attn_quantized_fwd saves it).
+GPU_BACKWARD_RECIPES = ("fp8", "nvfp4", "nvfp4-hx", "mxfp4", "nvfp4-all", "nvfp4-fast", "fp4-direct")
 
 
 def _require_gpu_backward(recipe: str, what: str) -> None:

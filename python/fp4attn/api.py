@@ -43,7 +43,7 @@ def attn_func(
     [b, h, s_q] (natural log).
 
     Autograd: gradients flow through o, computed by the golden model's backward on CPU tensors
-    and by the GPU backward on CUDA ones (every recipe but fp4-direct; docs/python.md "Autograd"); d_source picks the O of D = rowsum(dO * O): "forward-o" (the
+    and by the GPU backward on CUDA ones (every engine recipe; docs/python.md "Autograd"); d_source picks the O of D = rowsum(dO * O): "forward-o" (the
     quantized forward's) or "high-precision-o" (docs/numerics.md §8). lse is not differentiated.
 
     smooth_k: SageAttention's K smoothing (numerics.md §3): K minus its mean over the sequence
@@ -53,7 +53,7 @@ def attn_func(
     CPU: every recipe, forward and backward (the golden model). CUDA: the forward for every
     recipe the engine runs (K smoothed by the GPU quantizer, attention on the operands, the LSE
     term added in float64); gradients for the GPU backward's recipes (fp8, nvfp4, nvfp4-hx,
-    mxfp4, nvfp4-all, nvfp4-fast), computed on the forward's operands with dK minus its mean over the keys (the chain
+    mxfp4, nvfp4-all, nvfp4-fast, fp4-direct), computed on the forward's operands with dK minus its mean over the keys (the chain
     rule through the mean, as the golden model's); other recipes raise UnsupportedError in
     backward().
     """

@@ -14,9 +14,9 @@ std::string str(int64_t v) { return std::to_string(v); }
 Status check_recipe(const ForwardOptions& opt) {
   if (!backward_recipe_supported(opt.recipe)) {
     return Status::Unsupported(std::string("recipe: '") + recipe_name(opt.recipe) +
-                               "' has no GPU backward yet (supported: fp8, nvfp4, nvfp4-hx, "
-                               "mxfp4, nvfp4-all, nvfp4-fast; the CPU golden model has every "
-                               "recipe's)");
+                               "' has no GPU backward (it has no GPU forward: the engine runs "
+                               "fp8, nvfp4, nvfp4-hx, mxfp4, nvfp4-all, nvfp4-fast, fp4-direct; "
+                               "the CPU golden model has every recipe's backward)");
   }
   return Status::Ok();
 }
@@ -76,10 +76,13 @@ Status validate_backward_options(const BackwardCudaOptions& bopt) {
 
 bool backward_recipe_supported(Recipe recipe) {
   return recipe == Recipe::kFp8 || recipe == Recipe::kNvfp4 || recipe == Recipe::kNvfp4Hx ||
-         recipe == Recipe::kMxfp4 || recipe == Recipe::kNvfp4All || recipe == Recipe::kNvfp4Fast;
+         recipe == Recipe::kMxfp4 || recipe == Recipe::kNvfp4All || recipe == Recipe::kNvfp4Fast ||
+         recipe == Recipe::kFp4Direct;
 }
 
-bool backward_needs_row_max(Recipe recipe) { return recipe == Recipe::kNvfp4Fast; }
+bool backward_needs_row_max(Recipe recipe) {
+  return recipe == Recipe::kNvfp4Fast || recipe == Recipe::kFp4Direct;
+}
 
 Status validate_backward_row_max(const ForwardOptions& opt, const BackwardCudaOptions& bopt,
                                  const TensorView& row_max, const ForwardShape& sh) {

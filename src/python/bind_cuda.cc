@@ -282,8 +282,8 @@ void bind_cuda(nb::module_& m) {
         arg("lse").none(), arg("recipe"), arg("softmax_scale"), arg("causal"), arg("stream"),
         arg("row_max").none() = nb::none(),
         "GPU forward attention on BF16/FP16 BSHD q/k/v, launched on `stream`; row_max (FP32 "
-        "[b, h, s_q], optional): each row's integer log2 reference, which nvfp4-fast's backward "
-        "needs.");
+        "[b, h, s_q], optional): each row's integer log2 reference, which the backward of "
+        "nvfp4-fast and fp4-direct needs.");
   m.def("attention_operands_cuda", &attention_operands_cuda, arg("q_data"), arg("q_scale"),
         arg("k_data"), arg("k_scale"), arg("v_data"), arg("v_scale"), arg("o"), arg("lse").none(),
         arg("recipe"), arg("softmax_scale"), arg("causal"), arg("stream"),
@@ -296,14 +296,14 @@ void bind_cuda(nb::module_& m) {
         arg("row_max").none() = nb::none(),
         "GPU backward of attention_cuda, launched on `stream`. d_source: 'forward-o' or "
         "'high-precision-o' (docs/numerics.md §8; the v2 kernel). row_max: the forward's, "
-        "required for nvfp4-fast.");
+        "required for nvfp4-fast and fp4-direct.");
   m.def("attention_backward_operands_cuda", &attention_backward_operands_cuda_py, arg("q_data"),
         arg("q_scale"), arg("k_data"), arg("k_scale"), arg("v_data"), arg("v_scale"), arg("o"),
         arg("lse"), arg("dout"), arg("dq"), arg("dk"), arg("dv"), arg("recipe"),
         arg("softmax_scale"), arg("causal"), arg("deterministic"), arg("d_source"), arg("stream"),
         arg("row_max").none() = nb::none(),
         "GPU backward of attention_operands_cuda on the same kernel operands (row_max: the "
-        "forward's, required for nvfp4-fast; no "
+        "forward's, required for nvfp4-fast and fp4-direct; no "
         "requantization of Q/K/V), launched on `stream`. dq [b, s_q, h, d], dk/dv "
         "[b, s_k, h_kv, d]: F32 or BF16.");
   m.def(

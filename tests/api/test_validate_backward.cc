@@ -97,7 +97,8 @@ TEST(ValidateBackward, RecipesWithoutAGpuBackwardAreUnsupported) {
     pb.opt.recipe = r;
     const Status st = pb.check_operands();
     const bool want = r == Recipe::kFp8 || r == Recipe::kNvfp4 || r == Recipe::kNvfp4Hx ||
-                      r == Recipe::kMxfp4 || r == Recipe::kNvfp4All || r == Recipe::kNvfp4Fast;
+                      r == Recipe::kMxfp4 || r == Recipe::kNvfp4All || r == Recipe::kNvfp4Fast ||
+                      r == Recipe::kFp4Direct;
     EXPECT_EQ(st.ok(), want) << recipe_name(r) << ": " << st.message();
     if (!want) {
       EXPECT_TRUE(st.unsupported()) << recipe_name(r);

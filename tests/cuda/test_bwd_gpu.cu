@@ -232,7 +232,8 @@ TEST_P(BwdGpuShapes, MatchesEmulatedGolden) {
   Inputs in = make_inputs(pb, rng);
   Grads g;
   const Status st = run_gpu(pb, &in, DType::kF32, false, &g, kernel);
-  if (pb.recipe == Recipe::kNvfp4Fast && kernel == 1) {  // its codes are v2's only
+  if ((pb.recipe == Recipe::kNvfp4Fast || pb.recipe == Recipe::kFp4Direct) && kernel == 1) {
+    // their codes are v2's only
     EXPECT_TRUE(st.unsupported()) << st.message();
     EXPECT_NE(st.message().find("v2 main kernel only"), std::string::npos) << st.message();
     return;
@@ -258,17 +259,21 @@ std::vector<Problem> shapes() {
       {1, 200, 333, 4, 2, 128, true, Recipe::kNvfp4Fast},  // the exp-free codes, GQA, tails
       {1, 333, 17, 4, 1, 64, true, Recipe::kNvfp4Fast},    // rows without keys
       {2, 130, 130, 2, 2, 64, false, Recipe::kNvfp4Fast},
-      {1, 190, 260, 4, 2, 128, true, Recipe::kNvfp4All},  // exp2 P from the LSE, as fp8's
+      {1, 190, 260, 4, 2, 128, true, Recipe::kNvfp4All},   // exp2 P from the LSE, as fp8's
+      {1, 200, 333, 4, 2, 128, true, Recipe::kFp4Direct},  // E2M1 codes per 32-key block
+      {1, 333, 17, 4, 1, 64, true, Recipe::kFp4Direct},    // rows without keys, a partial block
+      {2, 130, 130, 2, 2, 64, false, Recipe::kFp4Direct},
   };
 }
 
 // The forward's row_max is each row's integer log2 reference m = ceil(max z): an integer with
-// LSE log2 e = m - 8 + log2 l, where l (the denominator, in units of the top code 2^8) holds the
-// row's largest term, in (128, 256], and at most n_visible such terms: so 2^(LSE log2 e - m + 8) is
-// in (128, 256 n]. Rows without keys: m = -inf, LSE = +inf. For the codes (nvfp4-fast) and exp2.
+// 2^(LSE log2 e - m) the row's denominator in units of 2^m: n terms, each at most 1, the largest
+// at least 1/2 (exp2 and the codes: 2^(z - m) with z - m in (-1, 0]; fp4-direct: its
+// top block's largest q 2^e / 6 is 1/2 or more), so 2^(LSE log2 e - m + 8) lies in [128, 256 n]
+// for n visible keys. Rows without keys: m = -inf, LSE = +inf. For each way to make P.
 TEST(BwdGpu, RowMaxIsTheIntegerReference) {
   SKIP_WITHOUT_GPU();
-  for (Recipe r : {Recipe::kNvfp4Fast, Recipe::kFp8}) {
+  for (Recipe r : {Recipe::kNvfp4Fast, Recipe::kFp4Direct, Recipe::kFp8}) {
     const Problem pb{1, 300, 140, 2, 2, 128, true, r};  // rows 0..159 have no key (bottom-right)
     const uint64_t seed = fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed) + " " + pb.name());
@@ -593,7 +598,7 @@ TEST(BwdGpu, BadInputBeforeLaunch) {
   const TensorView gr = make_view(g.data(), DType::kF32, {b, s, h, d});
   const TensorView tl = make_view(lse.data(), DType::kF32, {b, h, s});
   ForwardOptions opt;
-  opt.recipe = Recipe::kFp4Direct;
+  opt.recipe = Recipe::kBf16;  // no engine forward, so no GPU backward
   Status st = attention_backward_cuda(x, x, x, opt, x, tl, x, gr, gr, gr, {}, nullptr);
   EXPECT_TRUE(st.unsupported()) << st.message();
   // nvfp4-fast: the forward's row_max is required, of lse's shape, and v1 has no codes.

@@ -243,10 +243,10 @@ def test_gpu_backward_fp16_and_deterministic_mode():
 def test_gpu_backward_refuses_what_it_lacks(monkeypatch):
     q, k, v = (t.requires_grad_(True) for t in gpu_qkv(s_q=64, d=64))
     o = fp4attn.attn_func(q, k, v, recipe="fp4-direct")
-    with pytest.raises(fp4attn.UnsupportedError, match="^recipe: 'fp4-direct' has no GPU backward"):
+    monkeypatch.setenv("FP4ATTN_BWD_KERNEL", "v1")  # read at every call; v2 (default) has both
+    with pytest.raises(fp4attn.UnsupportedError, match="^recipe: 'fp4-direct' runs on the v2"):
         o.sum().backward()
     o = fp4attn.attn_func(q, k, v, recipe="fp8", d_source="high-precision-o")
-    monkeypatch.setenv("FP4ATTN_BWD_KERNEL", "v1")  # read at every call; v2 (default) has it
     with pytest.raises(
         fp4attn.UnsupportedError, match="^d_source: kHighPrecisionO needs the v2 main kernel"
     ):

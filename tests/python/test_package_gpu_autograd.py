@@ -113,11 +113,11 @@ def test_attn_quantized_grads_equal_attn_func_bitwise(recipe, causal, d_source, 
     assert all(bool(torch.isfinite(g).all()) for g in got[2:])
 
 
-@pytest.mark.parametrize("recipe", ["nvfp4-fast", "nvfp4-all"])
+@pytest.mark.parametrize("recipe", ["nvfp4-fast", "fp4-direct", "nvfp4-all"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gpu_backward_follows_the_golden_model(recipe, causal):
-    """nvfp4-fast (P codes rebuilt from the forward's saved row_max) and nvfp4-all: attn_func's
-    CUDA gradients against the CPU golden model's of the same recipe."""
+    """nvfp4-fast and fp4-direct (P codes rebuilt from the forward's saved row_max) and nvfp4-all:
+    attn_func's CUDA gradients against the CPU golden model's of the same recipe."""
     shape = SHAPES["mha-d128"]
     q, k, v, dout = shaped_qkv(shape, seed=9)
     got = func_grads(q, k, v, dout, recipe=recipe, causal=causal)
@@ -192,12 +192,14 @@ def test_backward_writes_every_gradient_element():
             assert bool(torch.isfinite(t).all()), f"{name}: {what}"
 
 
-def test_refusals():
+def test_refusals(monkeypatch):
     q, k, v, dout = shaped_qkv(SHAPES["gqa-d64"], seed=6)
     leaves = leaves_of(q, k, v)
-    o = fp4attn.attn_quantized(fp4attn.quantize_qkv(*leaves, recipe="fp4-direct"))
-    with pytest.raises(fp4attn.UnsupportedError, match="^recipe: 'fp4-direct' has no GPU backward"):
-        o.backward(dout)
+    o = fp4attn.attn_quantized(fp4attn.quantize_qkv(*leaves, recipe="nvfp4-fast"))
+    with monkeypatch.context() as mp:
+        mp.setenv("FP4ATTN_BWD_KERNEL", "v1")  # the codes are v2's only
+        with pytest.raises(fp4attn.UnsupportedError, match="^recipe: 'nvfp4-fast' runs on the v2"):
+            o.backward(dout)
     ops = fp4attn.quantize_qkv(q, k, v, recipe="fp8")  # no sources
     o = fp4attn.attn_quantized(ops.replace_q(leaves[0]))
     with pytest.raises(NotImplementedError, match=r"fp4attn.quantize_qkv\(q, k, v, ...\)"):
@@ -308,9 +310,8 @@ def test_smooth_k_cuda_forward_for_every_engine_recipe_and_refusals():
         want = fp4attn.attn_func(*cpu[:3], recipe=recipe, causal=True, smooth_k=True)
         assert rel_l2(o.cpu(), want) <= 0.05, recipe  # P's codes: test_fwd_gpu.cu's looser bounds
     leaves = leaves_of(q, k, v)
-    o = fp4attn.attn_func(*leaves, recipe="fp4-direct", smooth_k=True)
-    with pytest.raises(fp4attn.UnsupportedError, match="^recipe: 'fp4-direct' has no GPU backward"):
-        o.backward(dout)
+    fp4attn.attn_func(*leaves, recipe="fp4-direct", smooth_k=True).backward(dout)  # now it has one
+    assert all(bool(torch.isfinite(t.grad).all()) for t in leaves)
     with pytest.raises(fp4attn.UnsupportedError, match="^recipe: 'bf16'"):
         fp4attn.attn_func(q, k, v, recipe="bf16", smooth_k=True)
     with pytest.raises(fp4attn.UnsupportedError, match="^smooth_k: fp4attn::attn_fwd smooths K"):

@@ -21,9 +21,10 @@ struct BwdParams {
   bool o_f16, do_f16;
   const float* lse;  // [b, h, s_q] with strides (batch, head), seq stride 1
   int64_t lse_stride[2];
-  // nvfp4-fast (v2 only): P from the exp-free code map of the forward, rebuilt from its integer
-  // row reference m (row_max [b, h, s_q], strides as lse's).
-  bool p_codes;
+  // How P is rebuilt (main_v2_kernel.cuh's BwdPMode; v2 only beyond 0): 0 exp2 of the LSE,
+  // 1 nvfp4-fast's codes, 2 fp4-direct's; 1 and 2 from the forward's integer row reference m
+  // (row_max [b, h, s_q], strides as lse's).
+  int p_mode;
   const float* row_max;
   int64_t row_max_stride[2];
 

@@ -34,10 +34,10 @@ cudaError_t make_map(CUtensorMap* map, const void* base, int64_t inner, int64_t 
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <int D, bool kAmax, bool kDqBulk, bool kCodes>
+template <int D, bool kAmax, bool kDqBulk, int kP>
 cudaError_t launch(const BwdV2Params& P, cudaStream_t stream) {
   constexpr int smem = v2_smem_bytes<D, kAmax>();
-  auto kernel = bwd_main_v2_kernel<D, kAmax, kDqBulk, kCodes>;
+  auto kernel = bwd_main_v2_kernel<D, kAmax, kDqBulk, kP>;
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
   const int64_t ctas = int64_t(P.p.key_blocks) * P.p.b * P.p.h_kv;
@@ -46,19 +46,19 @@ cudaError_t launch(const BwdV2Params& P, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-// The amax or the gradient pass (dQ by bulk reductions or red) of the exp2 or the codes P.
-template <bool kCodes>
+// The amax or the gradient pass (dQ by bulk reductions or red) of one way to rebuild P.
+template <int kP>
 cudaError_t launch_pass(const BwdV2Params& P, int d, bool amax_pass, cudaStream_t stream) {
   if (amax_pass) {
-    return d == 128 ? launch<128, true, false, kCodes>(P, stream)
-                    : launch<64, true, false, kCodes>(P, stream);
+    return d == 128 ? launch<128, true, false, kP>(P, stream)
+                    : launch<64, true, false, kP>(P, stream);
   }
   if (P.p.dq_bulk) {
-    return d == 128 ? launch<128, false, true, kCodes>(P, stream)
-                    : launch<64, false, true, kCodes>(P, stream);
+    return d == 128 ? launch<128, false, true, kP>(P, stream)
+                    : launch<64, false, true, kP>(P, stream);
   }
-  return d == 128 ? launch<128, false, false, kCodes>(P, stream)
-                  : launch<64, false, false, kCodes>(P, stream);
+  return d == 128 ? launch<128, false, false, kP>(P, stream)
+                  : launch<64, false, false, kP>(P, stream);
 }
 
 }  // namespace
@@ -76,8 +76,14 @@ cudaError_t launch_main_v2(const BwdParams& p, int d, bool amax_pass, cudaStream
     e = make_map(&P.tm_dq, p.dq_acc, d, p.s_q, bh, kV2DqBoxCols, kV2Queries, 4);
   }
   if (e != cudaSuccess) return e;
-  return p.p_codes ? launch_pass<true>(P, d, amax_pass, stream)
-                   : launch_pass<false>(P, d, amax_pass, stream);
+  switch (p.p_mode) {
+    case kBwdCodes:
+      return launch_pass<kBwdCodes>(P, d, amax_pass, stream);
+    case kBwdDirect:
+      return launch_pass<kBwdDirect>(P, d, amax_pass, stream);
+    default:
+      return launch_pass<kBwdExp2>(P, d, amax_pass, stream);
+  }
 }
 
 }  // namespace fp4attn::bwd

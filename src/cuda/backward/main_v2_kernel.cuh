@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/attention/p_paths.cuh"
 #include "cuda/attention/ptx.cuh"
 #include "cuda/attention/wgmma_fp8.cuh"
 #include "cuda/backward/bwd_bits.h"
@@ -39,6 +40,13 @@ constexpr int kV2TurnBarrier = 2;
 constexpr int kV2DqBarrier = 3;           // and 4: per consumer warpgroup
 constexpr int kV2TileMaxBarrier = 5;      // the gradient pass's tile max of |dS| (both warpgroups)
 constexpr float kCodeMagic = 12582912.f;  // 1.5 2^23: integers in a float's low mantissa bits
+// fp4-direct: the 32-key block maxima meet per warp pair (warps 2k, 2k + 1 of warpgroup cw) on
+// barrier kV2PairBarrier + 2 cw + k, 64 threads.
+constexpr int kV2PairBarrier = 6;
+
+// How the backward rebuilds P (BwdParams::p_mode): exp2 of the LSE (fp8, nvfp4, nvfp4-hx, mxfp4,
+// nvfp4-all), nvfp4-fast's E4M3 codes, fp4-direct's E2M1 codes per 32-key block.
+enum BwdPMode : int { kBwdExp2 = 0, kBwdCodes = 1, kBwdDirect = 2 };
 
 // Barrier kBase + cw over warpgroup cw's 128 threads. The id is an immediate, so that ptxas
 // counts the barriers the kernel names, not all 16.
@@ -184,8 +192,25 @@ __device__ __forceinline__ void v2_code_rows(const BwdParams& p, int bb, int hq,
   *pscale = keys ? exp2f(120.f + m - lse * 1.4426950408889634f) : 0.f;
 }
 
+// fp4-direct (numerics.md §5): the forward's P operand is E4M3(q 2^(e + 6)) with q the E2M1 code
+// of its 32-key block B (exponent e_B from B's largest z - m), worth p = operand 2^-6 / 6 / l,
+// l = 2^(LSE log2 e - m). Per query row: m itself (0 for rows past s_q or without keys, whose
+// pscale 0 zeroes P) and pscale = 2^(8 - 6 - log2 6 + m - LSE log2 e), so that 2^8 p = operand
+// pscale.
+__device__ __forceinline__ void v2_direct_rows(const BwdParams& p, int bb, int hq, int64_t i,
+                                               bool in, float* m_row, float* pscale) {
+  float m = -INFINITY, lse = INFINITY;
+  if (in) {
+    m = p.row_max[bb * p.row_max_stride[0] + hq * p.row_max_stride[1] + i];
+    lse = p.lse[bb * p.lse_stride[0] + hq * p.lse_stride[1] + i];
+  }
+  const bool keys = m > -INFINITY && lse < INFINITY;
+  *m_row = keys ? m : 0.f;
+  *pscale = keys ? exp2f(2.f - kLog2Six + m - lse * 1.4426950408889634f) : 0.f;
+}
+
 // Warp 0: the (head, query block) steps' tiles into the stage ring.
-template <int D, bool kAmax, bool kCodes>
+template <int D, bool kAmax, int kP>
 __device__ __forceinline__ void v2_produce(const BwdV2Params& P, V2Smem<D, kAmax>& sm, int bb,
                                            int hk, int mb_begin, int mb_end) {
   const BwdParams& p = P.p;
@@ -213,8 +238,10 @@ __device__ __forceinline__ void v2_produce(const BwdV2Params& P, V2Smem<D, kAmax
         const int il = r * 32 + lane;
         const int64_t i = q0 + il;
         const bool in = i < p.s_q;
-        if constexpr (kCodes) {
+        if constexpr (kP == kBwdCodes) {
           v2_code_rows(p, bb, hq, i, in, &sm.lse2[s][il], &sm.pscale[s][il]);
+        } else if constexpr (kP == kBwdDirect) {
+          v2_direct_rows(p, bb, hq, i, in, &sm.lse2[s][il], &sm.pscale[s][il]);
         } else {
           // LSE * log2 e - 8: exp2 of z minus it is 2^8 p, the P operand's lift (kPLiftLog2).
           sm.lse2[s][il] = in ? fmaf(p.lse[bb * p.lse_stride[0] + hq * p.lse_stride[1] + i],
@@ -410,32 +437,34 @@ __device__ __forceinline__ float2 v2_col_pair(const float* v, int j, int t) {
   return *reinterpret_cast<const float2*>(v + accum_col(4 * j, t));
 }
 
-// The step's factor of the raw scores: z = S zc (exp2 recipes); for the codes 8 z, with the
-// product in the forward's order (q_scale scale_log2) k_scale, so that the codes are the forward's.
-template <bool kCodes>
+// The step's factor of the raw scores: z = S zc (exp2 recipes); for the codes 8 z and for
+// fp4-direct z, with the product in the forward's order (q_scale scale_log2) k_scale, so that the
+// codes are the forward's.
+template <int kP>
 __device__ __forceinline__ float v2_score_factor(float qs, float ks, float scale_log2) {
-  if constexpr (kCodes) return 8.f * ((qs * scale_log2) * ks);
+  if constexpr (kP == kBwdCodes) return 8.f * ((qs * scale_log2) * ks);
+  if constexpr (kP == kBwdDirect) return (qs * scale_log2) * ks;
   return qs * ks * scale_log2;
 }
 
 // P lifted, sc = 2^8 p, 0 where masked. exp2 recipes: exp2(S c - (LSE log2 e - 8)), MUFU.EX2
 // alone (flush to zero below 2^-126, where the P operand and every dS byte are 0 anyway).
-// kCodes (nvfp4-fast, v2_code_rows): the code c = max(RNE(S 8c + bias), 1.5 2^23) - 1.5 2^23;
+// kBwdCodes (nvfp4-fast, v2_code_rows): the code c = max(RNE(S 8c + bias), 1.5 2^23) - 1.5 2^23;
 // shifted left by 20 its bits are a float worth value(c) 2^-120 (exponent field c >> 3, mantissa
 // (c & 7) << 20; codes below 8 land as FP32 subnormals, exact as E4M3's), and pscale restores
 // 2^120 / l 2^(m + 8 - m). The FMUL must not flush subnormals (no -ftz here).
-template <bool kMasked, bool kCodes>
+template <bool kMasked, int kP>
 __device__ __forceinline__ void v2_p_elements(float (&sc)[32], const V2Mask& m, const float* lse2,
                                               const float* pscale, float zc, int t) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const float2 l = v2_col_pair(lse2, j, t);
     float2 ps;
-    if constexpr (kCodes) ps = v2_col_pair(pscale, j, t);
+    if constexpr (kP == kBwdCodes) ps = v2_col_pair(pscale, j, t);
 #pragma unroll
     for (int e = 4 * j; e < 4 * j + 4; ++e) {
       float pv;
-      if constexpr (kCodes) {
+      if constexpr (kP == kBwdCodes) {
         const float code = fmaxf(fmaf(sc[e], zc, (e & 1) ? l.y : l.x), kCodeMagic);
         pv = __uint_as_float(__float_as_uint(code) << 20) * ((e & 1) ? ps.y : ps.x);
       } else {
@@ -446,18 +475,92 @@ __device__ __forceinline__ void v2_p_elements(float (&sc)[32], const V2Mask& m, 
   }
 }
 
-template <bool kCodes>
-__device__ __forceinline__ void v2_p_step(float (&sc)[32], const V2Mask& m, const float* lse2,
-                                          const float* pscale, float zc, int t) {
-  if (m.full) {
-    v2_p_elements<false, kCodes>(sc, m, lse2, pscale, zc, t);
-  } else {
-    v2_p_elements<true, kCodes>(sc, m, lse2, pscale, zc, t);
+// fp4-direct (v2_direct_rows): a thread holds keys g, g + 8 of its warp's 16 (the S^T rows) for 16
+// query columns; a 32-key block is a warp pair's 32 keys. Its maxima per column: over the two
+// rows, the 8 lanes of equal t (3 shuffles each), then the pair's other warp through `slab`
+// (lanes with g = 0 write [warp][column], a 64-thread barrier, every thread reads its columns of
+// both warps). Then per column the forward's direct_row (p_paths.cuh: exponent, unit, the FFMA.SAT
+// constant) and per element direct_operand with the clamp at 6 (valid for every |m|): q 2^(e + 6)
+// as the forward's operand, except blocks 14 binades below the row max, whose E4M3 rounding the
+// forward's pack adds (P there is below 2^-14 of the row's largest). Masked keys: -inf for the
+// maxima, P = 0.
+struct V2DirectPair {
+  float (*slab)[kV2Queries];  // [4 warps][64 columns] of this step's buffer
+  int bar;                    // the pair's barrier id
+};
+template <bool kMasked>
+__device__ __forceinline__ void v2_p_direct(float (&sc)[32], const V2Mask& m, const float* m_row,
+                                            const float* pscale, float c, int t,
+                                            const V2DirectPair& pair) {
+  const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
+  if constexpr (kMasked) {
+#pragma unroll
+    for (int e = 0; e < 32; ++e) sc[e] = m.visible(e, t) ? sc[e] : -INFINITY;
+  }
+  float cm[16];  // column 8 (k / 2) + 2t + k % 2: elements 4 (k / 2) + k % 2 and + 2
+#pragma unroll
+  for (int k = 0; k < 16; ++k) cm[k] = fmaxf(sc[4 * (k / 2) + k % 2], sc[4 * (k / 2) + k % 2 + 2]);
+#pragma unroll
+  for (int x = 4; x < 32; x *= 2) {
+#pragma unroll
+    for (int k = 0; k < 16; ++k) cm[k] = fmaxf(cm[k], __shfl_xor_sync(0xffffffffu, cm[k], x));
+  }
+  if (lane < 4) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      *reinterpret_cast<float2*>(&pair.slab[warp][accum_col(4 * j, t)]) =
+          make_float2(cm[2 * j], cm[2 * j + 1]);
+    }
+  }
+  asm volatile("bar.sync %0, 64;" ::"r"(pair.bar) : "memory");
+  const float ac8 = (kDirectA / 8) * c;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 mm = v2_col_pair(m_row, j, t), ps = v2_col_pair(pscale, j, t);
+    // Both warps' maxima from shared memory: cm is dead after the barrier (registers are short).
+    const float2 own = v2_col_pair(pair.slab[warp], j, t);
+    const float2 ob = v2_col_pair(pair.slab[warp ^ 1], j, t);
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const float bmax = fmaxf(b ? own.y : own.x, b ? ob.y : ob.x);
+      const sm90::DirectRow row = sm90::direct_row(bmax, c, b ? mm.y : mm.x);
+      const DirectKeyMap km = direct_key_map(row.sc);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int e = 4 * j + 2 * h + b;
+        const float v = direct_operand<true>(fma_sat(sc[e], ac8, row.k08), km) * (b ? ps.y : ps.x);
+        sc[e] = (!kMasked || m.visible(e, t)) ? v : 0.f;
+      }
+    }
   }
 }
 
+template <int kP>
+__device__ __forceinline__ void v2_p_step(float (&sc)[32], const V2Mask& m, const float* lse2,
+                                          const float* pscale, float zc, int t,
+                                          const V2DirectPair& pair) {
+  if constexpr (kP == kBwdDirect) {
+    if (m.full) {
+      v2_p_direct<false>(sc, m, lse2, pscale, zc, t, pair);
+    } else {
+      v2_p_direct<true>(sc, m, lse2, pscale, zc, t, pair);
+    }
+  } else if (m.full) {
+    v2_p_elements<false, kP>(sc, m, lse2, pscale, zc, t);
+  } else {
+    v2_p_elements<true, kP>(sc, m, lse2, pscale, zc, t);
+  }
+}
+
+// The warp pair's slab buffer `buf` of warpgroup cw and its barrier (fp4-direct).
+template <int D, bool kAmax>
+__device__ __forceinline__ V2DirectPair v2_direct_pair(V2Smem<D, kAmax>& sm, int cw, int buf) {
+  const int warp = (threadIdx.x % 128) / 32;
+  return {sm.dslab[cw][buf], kV2PairBarrier + 2 * cw + warp / 2};
+}
+
 // Gradient pass, consumer warpgroup cw (0, 1): keys n0 + 64cw.. of the block.
-template <int D, bool kDqBulk, bool kCodes>
+template <int D, bool kDqBulk, int kP>
 __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap* tm_dq,
                                            V2Smem<D, false>& sm, int cw, int bb, int hk, int n,
                                            int mb_begin, int mb_end) {
@@ -512,7 +615,7 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
       float sc[32], dp[32];
       sm90::mbar_wait(&sm.full[s], v2_parity<kStages>(it));
       const float qs = sm.q_scale[s];  // the producer's copy: no global load on this path
-      const float zc = v2_score_factor<kCodes>(qs, ks, p.scale_log2);
+      const float zc = v2_score_factor<kP>(qs, ks, p.scale_log2);
       sm90::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 32; ++kk) {
@@ -529,7 +632,7 @@ __device__ __forceinline__ void v2_consume(const BwdParams& p, const CUtensorMap
       const float* dsum = sm.dsum[s];
       sm90::wgmma_wait<1>();
       v2_fence(sc);
-      v2_p_step<kCodes>(sc, mask, sm.lse2[s], sm.pscale[s], zc, t);
+      v2_p_step<kP>(sc, mask, sm.lse2[s], sm.pscale[s], zc, t, v2_direct_pair(sm, cw, it & 1));
       v2_fence(sc);  // P is computed here, while the dP^T wgmmas run, not after their wait
       sm90::wgmma_wait<0>();
       v2_fence(dp);
@@ -763,7 +866,7 @@ __device__ __forceinline__ void v2_add_d_hp(const BwdParams& p, V2Smem<D, true>&
 // (cw: the steps it with it % 2 == cw), each over all 128 keys (two 64-key tiles), so that they
 // run out of phase: one's element work under the other's wgmmas (in the gradient pass they share
 // every step through dQ).
-template <int D, bool kCodes>
+template <int D, int kP>
 __device__ __forceinline__ void v2_consume_amax(const BwdParams& p, V2Smem<D, true>& sm, int cw,
                                                 int bb, int hk, int n, int mb_begin, int mb_end) {
   constexpr int kStages = V2Smem<D, true>::kStages;
@@ -816,8 +919,9 @@ __device__ __forceinline__ void v2_consume_amax(const BwdParams& p, V2Smem<D, tr
       v2_fence(sc[1]);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        v2_p_step<kCodes>(sc[r], mask[r], sm.lse2[s], sm.pscale[s],
-                          v2_score_factor<kCodes>(qs, ks, p.scale_log2), t);
+        v2_p_step<kP>(sc[r], mask[r], sm.lse2[s], sm.pscale[s],
+                      v2_score_factor<kP>(qs, ks, p.scale_log2), t,
+                      v2_direct_pair(sm, cw, 2 * (local & 1) + r));
       }
       v2_fence(sc[0]);  // P is computed here, while the dP^T wgmmas run, not after their wait
       v2_fence(sc[1]);
@@ -845,7 +949,7 @@ __device__ __forceinline__ void v2_consume_amax(const BwdParams& p, V2Smem<D, tr
   }
 }
 
-template <int D, bool kAmax, bool kDqBulk, bool kCodes>
+template <int D, bool kAmax, bool kDqBulk, int kP>
 __global__ void __launch_bounds__(kV2Threads, 1)
     bwd_main_v2_kernel(const __grid_constant__ BwdV2Params P) {
   const BwdParams& p = P.p;
@@ -876,13 +980,13 @@ __global__ void __launch_bounds__(kV2Threads, 1)
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     sm90::setmaxnreg_dec<24>();
-    if (threadIdx.x < 32) v2_produce<D, kAmax, kCodes>(P, sm, bb, hk, mb_begin, mb_end);
+    if (threadIdx.x < 32) v2_produce<D, kAmax, kP>(P, sm, bb, hk, mb_begin, mb_end);
   } else {
     sm90::setmaxnreg_inc<240>();
     if constexpr (kAmax) {
-      v2_consume_amax<D, kCodes>(p, sm, wg - 1, bb, hk, n, mb_begin, mb_end);
+      v2_consume_amax<D, kP>(p, sm, wg - 1, bb, hk, n, mb_begin, mb_end);
     } else {
-      v2_consume<D, kDqBulk, kCodes>(p, &P.tm_dq, sm, wg - 1, bb, hk, n, mb_begin, mb_end);
+      v2_consume<D, kDqBulk, kP>(p, &P.tm_dq, sm, wg - 1, bb, hk, n, mb_begin, mb_end);
     }
   }
 }
