@@ -257,18 +257,9 @@ def attn_operands_fwd(
 
 
 def _operands_forward(
-    q_data,
-    q_scale,
-    k_data,
-    k_scale,
-    v_data,
-    v_scale,
-    recipe,
-    softmax_scale,
-    causal,
-    out_dtype,
+    q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, softmax_scale, causal, out_dtype,
     row_max=None,
-):
+):  # fmt: skip
     """row_max (CUDA only): also receives each row's integer log2 reference (nvfp4-fast's
     backward rebuilds its P codes from it)."""
     b, h, s_q, d = q_data.shape
