@@ -176,6 +176,27 @@ def test_cpu_operands_moved_to_the_gpu_carry_their_sources():
         assert torch.equal(leaf.grad, w.cpu())
 
 
+def test_varlen_grads_on_cuda_are_each_sequence_alone():
+    """attn_varlen_func on CUDA (attn_func per sequence): each sequence's gradients are those of
+    that sequence run alone, bit for bit (deterministic), for an exp2 and an exp-free recipe."""
+    q, k, v, dout = shaped_qkv((1, 77, 150, 4, 2, 64), seed=12)
+    q, k, v, dout = q[0], k[0], v[0], dout[0]  # packed [total, heads, d]
+    cu_q = torch.tensor([0, 30, 77], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 61, 150], dtype=torch.int32, device="cuda")
+    for recipe in ("nvfp4", "nvfp4-fast"):
+        with deterministic():
+            leaves = leaves_of(q, k, v)
+            fp4attn.attn_varlen_func(*leaves, cu_q, cu_k, causal=True, recipe=recipe).backward(dout)
+            for (q0, q1), (k0, k1) in zip(((0, 30), (30, 77)), ((0, 61), (61, 150))):
+                want = func_grads(
+                    q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], dout[None, q0:q1],
+                    recipe=recipe, causal=True,
+                )[2:]  # fmt: skip
+                assert torch.equal(leaves[0].grad[q0:q1], want[0][0]), recipe
+                assert torch.equal(leaves[1].grad[k0:k1], want[1][0]), recipe
+                assert torch.equal(leaves[2].grad[k0:k1], want[2][0]), recipe
+
+
 def test_backward_writes_every_gradient_element():
     """The caching allocator is filled with NaN first: a gradient element the backward does not
     write would come back NaN (1 MiB+ tensors reuse freed large blocks, smaller ones small)."""
