@@ -64,7 +64,9 @@ Status run_backward(const ForwardOperands& in, const ForwardOptions& opt, const 
   p.lse = lse.as<float>();
   p.lse_stride[0] = lse.stride[0];
   p.lse_stride[1] = lse.stride[1];
-  p.p_mode = opt.recipe == Recipe::kNvfp4Fast ? 1 : opt.recipe == Recipe::kFp4Direct ? 2 : 0;
+  p.p_mode = opt.recipe == Recipe::kNvfp4Fast   ? bwd::kBwdCodes
+             : opt.recipe == Recipe::kFp4Direct ? bwd::kBwdDirect
+                                                : bwd::kBwdExp2;
   if (backward_needs_row_max(opt.recipe)) {
     p.row_max = row_max.as<float>();
     p.row_max_stride[0] = row_max.stride[0];

@@ -6,6 +6,10 @@
 
 namespace fp4attn::bwd {
 
+// How the backward rebuilds P (BwdParams::p_mode): exp2 of the LSE (fp8, nvfp4, nvfp4-hx, mxfp4,
+// nvfp4-all), nvfp4-fast's E4M3 codes, fp4-direct's E2M1 codes per 32-key block (v2 only).
+enum BwdPMode : int { kBwdExp2 = 0, kBwdCodes = 1, kBwdDirect = 2 };
+
 struct BwdParams {
   // The forward's operands (operands.h layouts).
   const uint8_t* q;      // [b, h, s_q, d] E4M3
@@ -21,9 +25,8 @@ struct BwdParams {
   bool o_f16, do_f16;
   const float* lse;  // [b, h, s_q] with strides (batch, head), seq stride 1
   int64_t lse_stride[2];
-  // How P is rebuilt (main_v2_kernel.cuh's BwdPMode; v2 only beyond 0): 0 exp2 of the LSE,
-  // 1 nvfp4-fast's codes, 2 fp4-direct's; 1 and 2 from the forward's integer row reference m
-  // (row_max [b, h, s_q], strides as lse's).
+  // How P is rebuilt (BwdPMode); the codes from the forward's integer row reference m (row_max
+  // [b, h, s_q], strides as lse's).
   int p_mode;
   const float* row_max;
   int64_t row_max_stride[2];

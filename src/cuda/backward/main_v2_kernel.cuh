@@ -44,10 +44,6 @@ constexpr float kCodeMagic = 12582912.f;  // 1.5 2^23: integers in a float's low
 // barrier kV2PairBarrier + 2 cw + k, 64 threads.
 constexpr int kV2PairBarrier = 6;
 
-// How the backward rebuilds P (BwdParams::p_mode): exp2 of the LSE (fp8, nvfp4, nvfp4-hx, mxfp4,
-// nvfp4-all), nvfp4-fast's E4M3 codes, fp4-direct's E2M1 codes per 32-key block.
-enum BwdPMode : int { kBwdExp2 = 0, kBwdCodes = 1, kBwdDirect = 2 };
-
 // Barrier kBase + cw over warpgroup cw's 128 threads. The id is an immediate, so that ptxas
 // counts the barriers the kernel names, not all 16.
 template <int kBase>
@@ -175,38 +171,33 @@ __device__ __forceinline__ void v2_load_kv(const BwdParams& p, V2Smem<D, kAmax>&
   }
 }
 
-// nvfp4-fast (numerics.md §4): the forward's P is the E4M3 code c = clamp(RNE(8 (z - m)) + 120, 0,
-// 120) over the denominator l (the sum of the codes' values), so 2^8 p = value(c) 2^(m - LSE log2
-// e) (LSE log2 e = m - 8 + log2 l). Per query row i: bias = 1.5 2^23 + 120 - 8 m (the FFMA lands c
-// in the low mantissa bits, as the forward's) and pscale = 2^(120 + m - LSE log2 e), whose 2^120
-// undoes the code's placement in v2_p_elements. Rows past s_q or without keys: P = 0.
-__device__ __forceinline__ void v2_code_rows(const BwdParams& p, int bb, int hq, int64_t i, bool in,
-                                             float* bias, float* pscale) {
+// The exp-free recipes' per-query-row constants, from the forward's integer reference m and LSE
+// (l = 2^(LSE log2 e - m) the denominator in units of 2^m). Rows past s_q or without keys get
+// pscale 0, which zeroes their P, and a finite first constant.
+// * nvfp4-fast (numerics.md §4): P is the E4M3 code c = clamp(RNE(8 (z - m)) + 120, 0, 120) over
+//   the sum of the codes' values, so 2^8 p = value(c) 2^(m - LSE log2 e). `row` = the code bias
+//   1.5 2^23 + 120 - 8 m (the FFMA lands c in the low mantissa bits, as the forward's), pscale =
+//   2^(120 + m - LSE log2 e), whose 2^120 undoes the code's placement in v2_p_elements.
+// * fp4-direct (numerics.md §5): the P operand is E4M3(q 2^(e + 6)) with q the E2M1 code of its
+//   32-key block (exponent e_B from the block's largest z - m), worth p = operand 2^-6 / 6 / l.
+//   `row` = m itself, pscale = 2^(8 - 6 - log2 6 + m - LSE log2 e): 2^8 p = operand pscale.
+template <int kP>
+__device__ __forceinline__ void v2_exp_free_rows(const BwdParams& p, int bb, int hq, int64_t i,
+                                                 bool in, float* row, float* pscale) {
+  static_assert(kP == kBwdCodes || kP == kBwdDirect);
   float m = -INFINITY, lse = INFINITY;
   if (in) {
     m = p.row_max[bb * p.row_max_stride[0] + hq * p.row_max_stride[1] + i];
     lse = p.lse[bb * p.lse_stride[0] + hq * p.lse_stride[1] + i];
   }
   const bool keys = m > -INFINITY && lse < INFINITY;
-  *bias = keys ? kCodeMagic + 120.f - 8.f * m : kCodeMagic;
-  *pscale = keys ? exp2f(120.f + m - lse * 1.4426950408889634f) : 0.f;
-}
-
-// fp4-direct (numerics.md §5): the forward's P operand is E4M3(q 2^(e + 6)) with q the E2M1 code
-// of its 32-key block B (exponent e_B from B's largest z - m), worth p = operand 2^-6 / 6 / l,
-// l = 2^(LSE log2 e - m). Per query row: m itself (0 for rows past s_q or without keys, whose
-// pscale 0 zeroes P) and pscale = 2^(8 - 6 - log2 6 + m - LSE log2 e), so that 2^8 p = operand
-// pscale.
-__device__ __forceinline__ void v2_direct_rows(const BwdParams& p, int bb, int hq, int64_t i,
-                                               bool in, float* m_row, float* pscale) {
-  float m = -INFINITY, lse = INFINITY;
-  if (in) {
-    m = p.row_max[bb * p.row_max_stride[0] + hq * p.row_max_stride[1] + i];
-    lse = p.lse[bb * p.lse_stride[0] + hq * p.lse_stride[1] + i];
+  constexpr float kUnitLog2 = kP == kBwdCodes ? 120.f : 2.f - kLog2Six;
+  if constexpr (kP == kBwdCodes) {
+    *row = keys ? kCodeMagic + 120.f - 8.f * m : kCodeMagic;
+  } else {
+    *row = keys ? m : 0.f;
   }
-  const bool keys = m > -INFINITY && lse < INFINITY;
-  *m_row = keys ? m : 0.f;
-  *pscale = keys ? exp2f(2.f - kLog2Six + m - lse * 1.4426950408889634f) : 0.f;
+  *pscale = keys ? exp2f(kUnitLog2 + m - lse * 1.4426950408889634f) : 0.f;
 }
 
 // Warp 0: the (head, query block) steps' tiles into the stage ring.
@@ -238,10 +229,8 @@ __device__ __forceinline__ void v2_produce(const BwdV2Params& P, V2Smem<D, kAmax
         const int il = r * 32 + lane;
         const int64_t i = q0 + il;
         const bool in = i < p.s_q;
-        if constexpr (kP == kBwdCodes) {
-          v2_code_rows(p, bb, hq, i, in, &sm.lse2[s][il], &sm.pscale[s][il]);
-        } else if constexpr (kP == kBwdDirect) {
-          v2_direct_rows(p, bb, hq, i, in, &sm.lse2[s][il], &sm.pscale[s][il]);
+        if constexpr (kP != kBwdExp2) {
+          v2_exp_free_rows<kP>(p, bb, hq, i, in, &sm.lse2[s][il], &sm.pscale[s][il]);
         } else {
           // LSE * log2 e - 8: exp2 of z minus it is 2^8 p, the P operand's lift (kPLiftLog2).
           sm.lse2[s][il] = in ? fmaf(p.lse[bb * p.lse_stride[0] + hq * p.lse_stride[1] + i],
@@ -449,10 +438,10 @@ __device__ __forceinline__ float v2_score_factor(float qs, float ks, float scale
 
 // P lifted, sc = 2^8 p, 0 where masked. exp2 recipes: exp2(S c - (LSE log2 e - 8)), MUFU.EX2
 // alone (flush to zero below 2^-126, where the P operand and every dS byte are 0 anyway).
-// kBwdCodes (nvfp4-fast, v2_code_rows): the code c = max(RNE(S 8c + bias), 1.5 2^23) - 1.5 2^23;
-// shifted left by 20 its bits are a float worth value(c) 2^-120 (exponent field c >> 3, mantissa
-// (c & 7) << 20; codes below 8 land as FP32 subnormals, exact as E4M3's), and pscale restores
-// 2^120 / l 2^(m + 8 - m). The FMUL must not flush subnormals (no -ftz here).
+// kBwdCodes (nvfp4-fast, v2_exp_free_rows): the code c = max(RNE(S 8c + bias), 1.5 2^23) - 1.5
+// 2^23; shifted left by 20 its bits are a float worth value(c) 2^-120 (exponent field c >> 3,
+// mantissa (c & 7) << 20; codes below 8 land as FP32 subnormals, exact as E4M3's), and pscale
+// restores 2^120 / l 2^(m + 8 - m). The FMUL must not flush subnormals (no -ftz here).
 template <bool kMasked, int kP>
 __device__ __forceinline__ void v2_p_elements(float (&sc)[32], const V2Mask& m, const float* lse2,
                                               const float* pscale, float zc, int t) {
@@ -475,8 +464,8 @@ __device__ __forceinline__ void v2_p_elements(float (&sc)[32], const V2Mask& m, 
   }
 }
 
-// fp4-direct (v2_direct_rows): a thread holds keys g, g + 8 of its warp's 16 (the S^T rows) for 16
-// query columns; a 32-key block is a warp pair's 32 keys. Its maxima per column: over the two
+// fp4-direct (v2_exp_free_rows): a thread holds keys g, g + 8 of its warp's 16 (the S^T rows) for
+// 16 query columns; a 32-key block is a warp pair's 32 keys. Its maxima per column: over the two
 // rows, the 8 lanes of equal t (3 shuffles each), then the pair's other warp through `slab`
 // (lanes with g = 0 write [warp][column], a 64-thread barrier, every thread reads its columns of
 // both warps). Then per column the forward's direct_row (p_paths.cuh: exponent, unit, the FFMA.SAT

@@ -71,8 +71,8 @@ struct alignas(1024) V2Smem {
   float lse2[kStages][kV2Queries];  // LSE * log2 e - kPLiftLog2 (+inf past s_q)
   float dsum[kStages][kV2Queries];  // D (0 past s_q)
   float q_scale[kStages];           // the Q operand's factor of the step's 128-query tile
-  // nvfp4-fast: 2^(120 + m - LSE log2 e) per query (lse2 then holds the code bias; v2_code_rows);
-  // fp4-direct: 2^(2 - log2 6 + m - LSE log2 e) (lse2 holds m; v2_direct_rows).
+  // nvfp4-fast: 2^(120 + m - LSE log2 e) per query (lse2 then holds the code bias; v2_exp_free_rows);
+  // fp4-direct: 2^(2 - log2 6 + m - LSE log2 e) (lse2 holds m; v2_exp_free_rows).
   float pscale[kStages][kV2Queries];
   // fp4-direct: the 32-key block maxima per warp and query column, [warpgroup][buffer][warp]: by
   // step parity in the gradient pass, by (own step parity, 64-key tile) in the amax pass.
