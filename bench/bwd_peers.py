@@ -50,7 +50,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fwd_peers  # time_stats, sm_clock_mhz, error_stats
 import grad_audit  # exact_attention: float64 causal softmax attention, BSHD
-import peers  # backends, clocks, header, rounding, git_revision
+import peers  # backends, clocks, the part's header
+import record  # revision, command line
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -80,27 +81,6 @@ def kind_flops(kind, fwd):
 
 def case_name(kind, d, s, causal):
     return f"{kind}-{fwd_peers.case_name(d, s, causal)}"
-
-
-def revision(arg):
-    """--revision, else git, else .deps/REVISION (scripts/gpu-check --prepare), else the REVISION
-    file gpu-check leaves beside an installed package; "unknown" when none says."""
-    if arg:
-        return arg
-    rev = peers.git_revision()
-    if rev and rev != "unknown":
-        return rev
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    pkg = os.path.dirname(os.path.dirname(os.path.abspath(fp4attn.__file__)))
-    for path in (os.path.join(root, ".deps", "REVISION"), os.path.join(pkg, "REVISION")):
-        try:
-            with open(path) as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        if text:
-            return text
-    return "unknown"
 
 
 def timed(device, fn, args, setup=None):
@@ -385,7 +365,7 @@ def parse_args(argv):
     ap.add_argument("--recipes", default="nvfp4,fp8", help="comma-separated (default nvfp4,fp8)")
     ap.add_argument("--seqlens", type=ints, default=None, help="default 4096,8192,16384")
     ap.add_argument("--quick", action="store_true", help="s in {4k, 16k}, shorter timing")
-    ap.add_argument("--revision", default=os.environ.get("FP4ATTN_REVISION") or None)
+    record.add_revision_flag(ap)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--min-reps", type=int, default=None, help="default 10, quick 5")
     ap.add_argument("--min-time-ms", type=float, default=None, help="default 200, quick 50")
@@ -438,9 +418,10 @@ def main(argv=None):
     main_peer = next(iter(peer_backends))
     torch.manual_seed(0)
 
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(fp4attn.__file__)))
     doc = peers.part_doc(
         "bwd",
-        revision(args.revision),
+        record.revision(args.revision, package_dir),
         {
             "warmup": args.warmup,
             "min_reps": args.min_reps,
@@ -460,13 +441,13 @@ def main(argv=None):
             "o.backward(dO) (dO's quantization included) between them; bwd: a new forward "
             "outside the events, backward alone between them; median of the samples",
         },
+        command=record.command_line(argv, __file__),
     )
     if device.type != "cuda":
         doc["device"] = "cpu"  # a CPU smoke run names the CPU, also on a machine with a GPU
     doc.pop("part")
     doc.update(
         {
-            "bwd_kernel": os.environ.get("FP4ATTN_BWD_KERNEL", "default"),
             "fp4attn": {
                 "version": fp4attn.__version__,
                 "path": os.path.dirname(fp4attn.__file__),
@@ -488,7 +469,7 @@ def main(argv=None):
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     kinds = tuple(k for k in KINDS if not (args.smooth_k and k == "fwd+bwd-noquant"))
     print(
-        f"bwd on {name} (FP4ATTN_BWD_KERNEL={doc['bwd_kernel']}, revision {doc['revision']}); "
+        f"bwd on {name} (revision {doc['revision']}); "
         f"kinds: {', '.join(kinds)}" + (", smooth_k" if args.smooth_k else ""),
         flush=True,
     )

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import os
 import statistics
@@ -36,6 +35,9 @@ import traceback
 
 import torch
 import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import record  # the record's head and file
 
 B, H, D = 1, 16, 128
 PEER = "ring-sdpa-cudnn-bf16"
@@ -314,7 +316,7 @@ def main():
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--time-budget", type=float, default=1e9,
                     help="seconds after which the remaining points are skipped")
-    ap.add_argument("--revision", default="unknown")
+    record.add_revision_flag(ap)
     ap.add_argument("--command", default=None)
     args = ap.parse_args()
     args.recipes = [r for r in args.recipes.split(",") if r]
@@ -331,12 +333,9 @@ def main():
         mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), args, outpath), nprocs=world)
         results = torch.load(outpath, weights_only=False)
     strong, weak = points(args.quick)
-    doc = {
-        "suite": "cp",
-        "revision": args.revision,
-        "device": torch.cuda.get_device_name(0),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": args.command or "python3 " + " ".join(sys.argv),
+    doc = record.header("cp", record.revision(args.revision), torch.cuda.get_device_name(0),
+                        args.command)
+    doc |= {
         "gpus": world,
         "software": {"torch": torch.__version__, "cuda": torch.version.cuda,
                      "cudnn": torch.backends.cudnn.version(),
@@ -353,9 +352,7 @@ def main():
         },
         "records": _records(results, world, args),
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
+    record.write_json(doc, args.out)
     for r in doc["records"]:
         print(f"{r['case']:32s} {r['recipe']:10s} ms {r.get('ms', '-')!s:>9} peer "
               f"{r.get('peer_ms', '-')!s:>9} speedup {r.get('speedup', '-')!s:>7} eff "

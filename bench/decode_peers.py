@@ -23,16 +23,16 @@ import argparse
 import json
 import math
 import os
-import shlex
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import record  # the records' shared head, merge warnings and file writing
 
 H, H_KV, D = 32, 8, 128
 
 
 def grid(quick):
-    """(b, L) in fp4attn_bench decode's order (tools/bench/decode_suite.cc, decode_grid)."""
+    """(b, L) in fp4attn_bench decode's order (bench/cpp/decode_suite.cc, decode_grid)."""
     g = [(32, 4096), (32, 32768)]
     if quick:
         return g + [(1, 32768), (256, 8192)]
@@ -49,14 +49,7 @@ def merge(ours_path, peers_path, out_path, command):
     by_case = {}
     for p in peers_doc.get("records", []):
         by_case.setdefault(p["case"], {})[p["peer"]] = p
-    records, warnings = [], []
-    if ours.get("revision") != peers_doc.get("revision"):
-        warnings.append(f"revision differs: ours {ours.get('revision')}, peers "
-                        f"{peers_doc.get('revision')}")
-    if ours.get("device") != peers_doc.get("device"):
-        warnings.append("device differs between the parts")
-    if not ours.get("complete", False):
-        warnings.append("fp4attn_bench decode did not complete")
+    records, warnings = [], record.part_warnings("decode", ours, peers_doc)
     targets = {(32, 32768): 3.0, (32, 4096): 2.5}
     summary = {}
     for r in ours.get("records", []):
@@ -88,12 +81,9 @@ def merge(ours_path, peers_path, out_path, command):
         sp = s.pop("speedups")
         s["min_speedup"] = min(sp) if sp else None
         s["geomean_speedup"] = math.exp(sum(map(math.log, sp)) / len(sp)) if sp else None
-    doc = {
-        "suite": "decode",
-        "revision": ours.get("revision"),
-        "device": ours.get("device"),
-        "date": ours.get("date"),
-        "command": command,
+    doc = record.header("decode", ours.get("revision"), ours.get("device"), command,
+                        ours.get("date"))
+    doc |= {
         "commands": {"ours": ours.get("command"), "peers": peers_doc.get("command")},
         "software": peers_doc.get("software"),
         "ceilings": {**ours.get("ceilings", {}),
@@ -106,9 +96,7 @@ def merge(ours_path, peers_path, out_path, command):
         "records": records,
         "peers": peers_doc.get("records", []),
     }
-    with open(out_path, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
+    record.write_json(doc, out_path)
     print(f"wrote {out_path}: {len(records)} records, {len(warnings)} warnings")
     for k, s in summary.items():
         print(f"  {k}: min speedup {s['min_speedup']}, geomean {s['geomean_speedup']}, "
@@ -200,7 +188,7 @@ def main():
     ap.add_argument("--command", default=None, help="the command recorded in the merged JSON")
     ap.add_argument("--quick", action="store_true", help="4 points, shorter timing")
     ap.add_argument("--points", help="b:L pairs instead of the grid, e.g. 32:4096,1:32768")
-    ap.add_argument("--revision", default=os.environ.get("FP4ATTN_REVISION") or None)
+    record.add_revision_flag(ap)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--min-reps", type=int, default=20)
     ap.add_argument("--min-time-ms", type=float, default=None, help="default 100, quick 30")
@@ -208,8 +196,7 @@ def main():
     if args.merge:
         if not args.output:
             ap.error("--merge needs -o")
-        merge(args.merge[0], args.merge[1], args.output,
-              args.command or shlex.join([os.path.basename(sys.executable)] + sys.argv))
+        merge(args.merge[0], args.merge[1], args.output, args.command or record.command_line())
         return
     if not args.out:
         ap.error("OUT.json is required when measuring")

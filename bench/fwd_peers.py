@@ -22,14 +22,15 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import peers  # bench/peers.py: backends, ceilings, clocks, rounding
+import peers  # bench/peers.py: backends, ceilings, clocks, the part's header
+import record  # --revision
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 
 def grid(quick, dims=None, seqlens=None):
-    """(d, s, causal) in fp4attn_bench fwd's order (tools/bench/fwd_grid.cc)."""
+    """(d, s, causal) in fp4attn_bench fwd's order (bench/cpp/fwd_grid.cc)."""
     dims = dims or ((128,) if quick else (64, 128))
     seqlens = seqlens or ((4096, 16384) if quick else (1024, 2048, 4096, 8192, 16384))
     return [(d, s, causal) for d in dims for s in seqlens for causal in (False, True)]
@@ -141,7 +142,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="d=128, s in {4k, 16k}, shorter timing")
-    ap.add_argument("--revision", default=os.environ.get("FP4ATTN_REVISION") or None)
+    record.add_revision_flag(ap)
     ap.add_argument("--dims", type=lambda t: [int(x) for x in t.split(",")])
     ap.add_argument("--seqlens", type=lambda t: [int(x) for x in t.split(",")])
     ap.add_argument("--warmup", type=int, default=3)

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Merges fp4attn_bench's fwd JSON and bench/fwd_peers.py's JSON of the same run into the fwd
-record (bench/results/fwd.json, DESIGN.md's schema).
+record (bench/results/fwd.json, docs/design.md's record schema).
 
     python3 bench/fwd_record.py OURS.json PEERS.json -o fwd.json [--command "scripts/gpu-check ..."]
                                 [--bound NOSM.json]
     python3 bench/fwd_record.py --selftest
 
---bound: fp4attn_bench fwd JSON of the -DFP4ATTN_FWD_NO_SOFTMAX=1 build (issue 6's bound: the
-softmax replaced by a constant P, wrong results); its fp8 records join ours as recipe
-"bound-no-softmax" (their cos / rel_l2 dropped: they measure nothing).
+--bound: the JSON of `fp4attn_bench fwd --bound --recipes fp8` (the no-softmax bound: the softmax
+replaced by a constant P, wrong results); its fp8 records join ours as recipe "bound-no-softmax"
+(their cos / rel_l2 dropped: they measure nothing).
 
 records: one per recipe x grid point x peer: our fields (ms, ms_min, ms_max, reps, tflops,
 quant_ms and its q/k/v parts, cos, rel_l2 on the sampled rows, sm_mhz) with `peer`, `peer_ms`,
@@ -26,6 +26,9 @@ import math
 import os
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import record  # the records' shared head, merge warnings and file writing
 
 CUDNN = "sdpa-cudnn-bf16"
 FLASH = "sdpa-flash-bf16"
@@ -112,7 +115,7 @@ BOUND = "bound-no-softmax"
 
 
 def bound_records(nosm):
-    """The no-softmax build's fp8 records, renamed to the bound recipe, errors dropped."""
+    """The bound run's fp8 records, renamed to the bound recipe, errors dropped."""
     out = []
     for r in nosm.get("records", []):
         if r.get("recipe") != "fp8":
@@ -124,13 +127,7 @@ def bound_records(nosm):
 
 
 def merge(ours, peers_doc, command=None, nosm=None):
-    warnings = []
-    for field in ("revision", "device"):
-        if ours.get(field) != peers_doc.get(field):
-            warnings.append(f"{field} differs: fp4attn_bench {ours.get(field)!r}, "
-                            f"peers {peers_doc.get(field)!r}")
-    if not ours.get("complete", False):
-        warnings.append("fp4attn_bench's run did not complete (complete: false)")
+    warnings = record.part_warnings("fwd", ours, peers_doc)
     peer_recs = {(key(r), r["peer"]): r for r in peers_doc.get("records", [])}
 
     records = []
@@ -157,12 +154,9 @@ def merge(ours, peers_doc, command=None, nosm=None):
         ceilings["fp8_gemm_error"] = pc["fp8_gemm_error"]
 
     oclk, pclk = ours.get("clocks") or {}, peers_doc.get("clocks") or {}
-    doc = {
-        "suite": "fwd",
-        "revision": ours.get("revision"),
-        "device": ours.get("device"),
-        "date": ours.get("date"),
-        "command": command or ours.get("command"),
+    doc = record.header("fwd", ours.get("revision"), ours.get("device"),
+                        command or ours.get("command"), ours.get("date"))
+    doc |= {
         "commands": {"fp4attn_bench": ours.get("command"), "peers": peers_doc.get("command"),
                      **({"bound": nosm.get("command")} if nosm is not None else {})},
         "software": peers_doc.get("software"),
@@ -184,13 +178,6 @@ def merge(ours, peers_doc, command=None, nosm=None):
     if warnings:
         doc["warnings"] = warnings
     return doc
-
-
-def write_json(doc, path):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
 
 
 # ---- self-test (no GPU): synthetic inputs through the merge -------------------------------------
@@ -266,7 +253,7 @@ def selftest():
     peers_doc["revision"] = "other"
     assert any("revision" in w for w in merge(ours, peers_doc)["warnings"])
     with tempfile.TemporaryDirectory() as tmp:  # the JSON round trip
-        write_json(doc, os.path.join(tmp, "fwd.json"))
+        record.write_json(doc, os.path.join(tmp, "fwd.json"))
         with open(os.path.join(tmp, "fwd.json")) as f:
             assert json.load(f) == doc
     print("fwd_record.py selftest: ok")
@@ -280,7 +267,7 @@ def main():
     ap.add_argument("-o", "--out", help="merged JSON (default: fwd.json beside OURS)")
     ap.add_argument("--command", help="the command of record (e.g. the gpu-check call)")
     ap.add_argument("--bound", metavar="NOSM.json",
-                    help="fp4attn_bench fwd JSON of the FP4ATTN_FWD_NO_SOFTMAX=1 build")
+                    help="JSON of fp4attn_bench fwd --bound --recipes fp8")
     ap.add_argument("--selftest", action="store_true", help="merge synthetic inputs and check")
     ap.add_argument("--synthetic", metavar="DIR",
                     help="write synthetic OURS/PEERS inputs to DIR (to try the scripts)")
@@ -289,8 +276,8 @@ def main():
         return selftest()
     if args.synthetic:
         ours, peers_doc = synthetic_inputs()
-        write_json(ours, os.path.join(args.synthetic, "fwd-ours.json"))
-        write_json(peers_doc, os.path.join(args.synthetic, "fwd-peers.json"))
+        record.write_json(ours, os.path.join(args.synthetic, "fwd-ours.json"))
+        record.write_json(peers_doc, os.path.join(args.synthetic, "fwd-peers.json"))
         print(f"wrote {args.synthetic}/fwd-ours.json and fwd-peers.json")
         return 0
     if not args.ours or not args.peers:
@@ -305,7 +292,7 @@ def main():
             nosm = json.load(f)
     doc = merge(ours, peers_doc, args.command, nosm)
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(args.ours)), "fwd.json")
-    write_json(doc, out)
+    record.write_json(doc, out)
     for w in doc.get("warnings", []):
         print(f"fwd_record.py: warning: {w}", file=sys.stderr)
     for recipe, s in doc["summary"].items():

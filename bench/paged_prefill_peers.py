@@ -22,10 +22,10 @@ import argparse
 import json
 import math
 import os
-import shlex
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import record  # the records' shared head, merge warnings and file writing
 
 H, H_KV, D = 32, 8, 128
 
@@ -45,14 +45,7 @@ def merge(ours_path, peers_path, out_path, command):
     by_case = {}
     for p in peers_doc.get("records", []):
         by_case.setdefault(p["case"], {})[p["peer"]] = p
-    warnings, records, summary = [], [], {}
-    if ours.get("revision") != peers_doc.get("revision"):
-        warnings.append(f"revision differs: ours {ours.get('revision')}, peers "
-                        f"{peers_doc.get('revision')}")
-    if ours.get("device") != peers_doc.get("device"):
-        warnings.append("device differs between the parts")
-    if not ours.get("complete", False):
-        warnings.append("fp4attn_bench paged-prefill did not complete")
+    warnings, records, summary = record.part_warnings("paged-prefill", ours, peers_doc), [], {}
     for r in ours.get("records", []):
         peer = by_case.get(r["case"], {})
         ref = peer.get("sdpa-cudnn-bf16")
@@ -78,12 +71,9 @@ def merge(ours_path, peers_path, out_path, command):
     for s in summary.values():
         sp = s.pop("speedups")
         s["min_speedup"] = min(sp) if sp else None
-    doc = {
-        "suite": "paged-prefill",
-        "revision": ours.get("revision"),
-        "device": ours.get("device"),
-        "date": ours.get("date"),
-        "command": command,
+    doc = record.header("paged-prefill", ours.get("revision"), ours.get("device"), command,
+                        ours.get("date"))
+    doc |= {
         "commands": {"ours": ours.get("command"), "peers": peers_doc.get("command")},
         "software": peers_doc.get("software"),
         "config": ours.get("config"),
@@ -93,9 +83,7 @@ def merge(ours_path, peers_path, out_path, command):
         "records": records,
         "peers": peers_doc.get("records", []),
     }
-    with open(out_path, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
+    record.write_json(doc, out_path)
     print(f"wrote {out_path}: {len(records)} records, {len(warnings)} warnings")
     for k, s in summary.items():
         print(f"  {k}: min speedup {s['min_speedup']}, meets target {s['meets_target']}")
@@ -194,7 +182,7 @@ def main():
     ap.add_argument("--lens", default="8192,32768", help="cached lengths L (chunk included)")
     ap.add_argument("--chunk", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--revision", default=os.environ.get("FP4ATTN_REVISION") or None)
+    record.add_revision_flag(ap)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--min-reps", type=int, default=10)
     ap.add_argument("--min-time-ms", type=float, default=None, help="default 200, quick 50")
@@ -202,8 +190,7 @@ def main():
     if args.merge:
         if not args.output:
             ap.error("--merge needs -o")
-        merge(args.merge[0], args.merge[1], args.output,
-              args.command or shlex.join([os.path.basename(sys.executable)] + sys.argv))
+        merge(args.merge[0], args.merge[1], args.output, args.command or record.command_line())
         return
     if not args.out:
         ap.error("OUT.json is required when measuring")

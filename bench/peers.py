@@ -14,13 +14,12 @@ N(0, 1) (never zeros). Writes the suite JSON (DESIGN.md schema) to the path give
 """
 
 import argparse
-import datetime
-import json
 import os
-import shlex
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import record  # the records' shared head and file writing
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -71,15 +70,6 @@ def read_clocks():
     return dict(zip(keys, (num(f.strip()) for f in line.split(","))))
 
 
-def git_revision():
-    try:
-        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                              text=True, check=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 def gemm_tflops(n, reps):
     """BF16 (cuBLAS) and FP8 E4M3 (torch._scaled_mm, BF16 out) n x n x n GEMM TFLOP/s."""
     out = {}
@@ -115,43 +105,33 @@ def measure_ceilings(reps):
     return out
 
 
-def part_doc(suite, revision, config):
-    """The header of a suite's peers part (fwd, decode, paged-prefill): what ran where, when, with
-    which software, and the clocks before; write_part adds the records' clocks after."""
-    cuda = torch.cuda.is_available()  # False only in CPU smoke runs (bench/bwd_peers.py)
-    return {
-        "suite": suite,
-        "part": "peers",
-        "revision": revision or git_revision(),
-        "device": torch.cuda.get_device_name(torch.cuda.current_device()) if cuda else "cpu",
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": shlex.join([os.path.basename(sys.executable)] + sys.argv),
-        "software": {"torch": torch.__version__, "cuda": torch.version.cuda,
-                     "cudnn": torch.backends.cudnn.version() if cuda else None},
-        "clocks": {"before": read_clocks()},
-        "config": config,
-    }
+def software():
+    """torch, CUDA and cuDNN versions (cuDNN None without a GPU: CPU smoke runs)."""
+    cuda = torch.cuda.is_available()
+    return {"torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if cuda else None}
+
+
+def device_name():
+    """The GPU's name ("cpu" without one)."""
+    cuda = torch.cuda.is_available()
+    return torch.cuda.get_device_name(torch.cuda.current_device()) if cuda else "cpu"
+
+
+def part_doc(suite, revision, config, command=None):
+    """The header of a suite's peers part (fwd, decode, paged-prefill, bwd): what ran where, when,
+    with which software, and the clocks before; write_part adds the clocks after."""
+    doc = record.header(suite, record.revision(revision), device_name(), command)
+    doc = {"suite": suite, "part": "peers", **doc}
+    doc.update({"software": software(), "clocks": {"before": read_clocks()}, "config": config})
+    return doc
 
 
 def write_part(doc, path, digits=7):
     """The clocks after, then doc as rounded JSON at path."""
     doc["clocks"]["after"] = read_clocks()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(rounded(doc, digits), f, indent=1)
-        f.write("\n")
+    record.write_json(doc, path, digits)
     print(f"wrote {path}")
-
-
-def rounded(x, digits=5):
-    """Floats to `digits` significant digits, recursively, so the JSON stays readable."""
-    if isinstance(x, float):
-        return float(f"{x:.{digits}g}")
-    if isinstance(x, dict):
-        return {k: rounded(v, digits) for k, v in x.items()}
-    if isinstance(x, list):
-        return [rounded(v, digits) for v in x]
-    return x
 
 
 def attention_flops(b, h, s, d, causal):
@@ -192,7 +172,7 @@ def main():
     ap.add_argument("out", help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="d=128, s in {4k, 16k}, fewer repetitions")
     ap.add_argument("--bwd", action="store_true", help="also time forward+backward")
-    ap.add_argument("--revision", default=os.environ.get("FP4ATTN_REVISION") or None)
+    record.add_revision_flag(ap)
     ap.add_argument("--reps", type=int, default=None, help="timed calls per point (default 20, quick 10)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -202,20 +182,11 @@ def main():
     seqs = (4096, 16384) if args.quick else (1024, 2048, 4096, 8192, 16384)
 
     torch.manual_seed(0)
-    dev = torch.cuda.get_device_properties(torch.cuda.current_device())
-    doc = {
-        "suite": "peers",
-        "revision": args.revision or git_revision(),
-        "device": dev.name,
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": shlex.join([os.path.basename(sys.executable)] + sys.argv),
-        "software": {"torch": torch.__version__, "cuda": torch.version.cuda,
-                     "cudnn": torch.backends.cudnn.version()},
-        "clocks": {"before": read_clocks()},
-    }
+    doc = record.header("peers", record.revision(args.revision), device_name())
+    doc.update({"software": software(), "clocks": {"before": read_clocks()}})
     ceilings = measure_ceilings(reps)
     doc["ceilings"] = ceilings
-    print(f"peers on {dev.name}: " + ", ".join(
+    print(f"peers on {doc['device']}: " + ", ".join(
         f"{k} {v:.4g}" for k, v in ceilings.items() if isinstance(v, float)), flush=True)
 
     records = []
@@ -237,10 +208,7 @@ def main():
                 torch.cuda.empty_cache()
     doc["clocks"]["after"] = read_clocks()
     doc["records"] = records
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(rounded(doc), f, indent=1)
-        f.write("\n")
+    record.write_json(doc, args.out, digits=5)
     print(f"wrote {args.out}")
 
 

@@ -22,9 +22,7 @@ and, with matplotlib, a PNG of the curves:
 from __future__ import annotations
 
 import argparse
-import datetime
 import glob
-import json
 import math
 import os
 import sys
@@ -37,7 +35,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import grad_audit  # --audit-every: attention gradients against float64 during training
-import peers  # the bench scripts' shared helpers (git_revision)
+import record  # the record's head and file
 
 # ---- data ------------------------------------------------------------------------------------
 
@@ -280,7 +278,7 @@ def train_one(backend, args, train, held, device, dtype):
     }
 
 
-def plot(record, png):
+def plot(doc, png):
     try:
         import matplotlib
 
@@ -290,7 +288,7 @@ def plot(record, png):
         print("train_gpt: no matplotlib, no PNG")
         return
     fig, ax = plt.subplots(figsize=(8, 5))
-    for run in record["runs"]:
+    for run in doc["runs"]:
         pts = [(s, c) for s, c in run["curve"] if c is not None]
         (line,) = ax.plot(*zip(*pts), label=f"{run['backend']} train", lw=1)
         if run["held_out_curve"]:
@@ -303,10 +301,10 @@ def plot(record, png):
             )
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats / byte)")
-    c = record["config"]
+    c = doc["config"]
     ax.set_title(
         f"byte-level GPT {c['layers']}x{c['d_model']}, {c['heads']} heads, seq {c['seq']}"
-        f" ({record['device']})"
+        f" ({doc['device']})"
     )
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
@@ -353,7 +351,7 @@ def main(argv=None):
     ap.add_argument("--corpus", default=None, help="directory of .py files (default: the stdlib)")
     ap.add_argument("--max-bytes", type=int, default=64 << 20)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--revision", default=None)
+    record.add_revision_flag(ap)
     args = ap.parse_args(argv)
     if args.d_model % args.heads or args.d_model // args.heads not in (64, 128):
         ap.error("--d-model / --heads: the head dim must be 64 or 128")
@@ -379,14 +377,13 @@ def main(argv=None):
                 r["final_held_out_loss"] - base["final_held_out_loss"], 5
             )
             r["train_gap_vs_sdpa"] = round(r["final_train_loss"] - base["final_train_loss"], 5)
-    record = {
-        "suite": "training",
-        "revision": args.revision or peers.git_revision(),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": " ".join(
-            [os.path.basename(sys.argv[0])] + (argv if argv is not None else sys.argv[1:])
-        ),
+    doc = record.header(
+        "training",
+        record.revision(args.revision),
+        torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        record.command_line(argv, __file__),
+    )
+    doc |= {
         "software": {"torch": torch.__version__},
         "config": {k: v for k, v in vars(args).items() if k not in ("out", "png", "revision")}
         | {
@@ -398,16 +395,15 @@ def main(argv=None):
         },
         "runs": runs,
     }
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=1)
+    record.write_json(doc, args.out)
     print(f"train_gpt: wrote {args.out}")
     for r in runs:
         print(
             f"  {r['backend']:14s} train {r['final_train_loss']} held-out {r['final_held_out_loss']}"
             f" gap {r.get('held_out_gap_vs_sdpa')} diverged {r['diverged']} {r['ms_per_step']} ms/step"
         )
-    plot(record, args.png or os.path.splitext(args.out)[0] + ".png")
-    return record
+    plot(doc, args.png or os.path.splitext(args.out)[0] + ".png")
+    return doc
 
 
 if __name__ == "__main__":

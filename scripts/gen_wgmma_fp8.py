@@ -1,7 +1,7 @@
-# Generates src/cuda/attention/wgmma_fp8.cuh, the FP8 wgmma wrappers of the forward engine and
+# Generates src/cuda/sm90/wgmma_fp8.cuh, the FP8 wgmma wrappers of the forward engine and
 # the backward (see the header's comment):
 #   python3 scripts/gen_wgmma_fp8.py | clang-format --assume-filename=x.cuh \
-#     > src/cuda/attention/wgmma_fp8.cuh
+#     > src/cuda/sm90/wgmma_fp8.cuh
 import sys
 
 # (N, A source, B types): the shapes the kernels issue. ss: A from shared memory, rs: from

@@ -8,7 +8,7 @@
 
 #include "cli_args.h"
 #include "fp4attn/recipe.h"
-#include "fp4attn/suite.h"
+#include "harness/suite.h"
 
 namespace fp4attn::cli {
 

@@ -10,13 +10,13 @@
 #include "cli_args.h"
 #include "cli_inputs.h"
 #include "commands.h"
-#include "common/half.h"
-#include "fp4attn/metrics.h"
-#include "fp4attn/paged_kv.h"
-#include "fp4attn/reference.h"
-#include "fp4attn/suite.h"
+#include "core/half.h"
+#include "fp4attn/golden/paged_kv.h"
+#include "fp4attn/golden/reference.h"
 #include "gpu/decode_gpu.h"
-#include "reference/paged_host_cache.h"
+#include "harness/metrics.h"
+#include "harness/paged_host_cache.h"
+#include "harness/suite.h"
 
 namespace fp4attn::cli {
 namespace {

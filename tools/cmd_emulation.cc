@@ -3,17 +3,17 @@
 // and Emulation::kBlockScaledExact, the two outputs against each other and against float64
 // (the numbers of the Blackwell-difference table in docs/numerics.md).
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "cli_args.h"
 #include "cli_inputs.h"
 #include "commands.h"
-#include "fp4attn/golden.h"
-#include "fp4attn/metrics.h"
-#include "fp4attn/reference.h"
-#include "fp4attn/suite.h"
+#include "fp4attn/golden/golden.h"
+#include "fp4attn/golden/reference.h"
+#include "harness/metrics.h"
+#include "harness/suite.h"
+#include "json_writer.h"
 
 namespace fp4attn::cli {
 namespace {
@@ -51,11 +51,8 @@ std::vector<double> golden(SuiteInputs& in, Recipe r, Emulation emu, bool causal
   return o;
 }
 
-std::string json_stats(const char* name, const ErrorStats& e) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "\"%s\": {\"cos\": %.7f, \"rel_l2\": %.7g, \"max_abs\": %.6e}",
-                name, e.cos, e.rel_l2, e.max_abs);
-  return buf;
+JsonObject json_stats(const ErrorStats& e) {
+  return JsonObject().num("cos", e.cos, 7).num("rel_l2", e.rel_l2, 7).num("max_abs", e.max_abs, 7);
 }
 
 }  // namespace
@@ -112,22 +109,22 @@ int cmd_emulation(const std::vector<std::string>& argv) {
     }
   }
   if (a.has("json")) {
-    const std::string path = a.get("json", "");
-    std::ofstream out(path);
-    if (!out) throw UsageError("--json: cannot open '" + path + "' for writing");
-    std::string command = "fp4attn emulation";
-    for (const std::string& arg : argv) command += " " + arg;
-    out << "{\"suite\": \"emulation\", \"command\": \"" << command << "\",\n \"records\": [";
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      out << (i ? "," : "") << "\n  {\"recipe\": \"" << r.recipe << "\", \"input\": \"" << r.input
-          << "\", \"b\": " << b << ", \"h\": " << h << ", \"s\": " << s << ", \"d\": " << d
-          << ", \"causal\": " << (causal ? "true" : "false") << ", "
-          << json_stats("folded_vs_exact", r.folded_vs_exact) << ", "
-          << json_stats("folded_vs_f64", r.folded_vs_f64) << ", "
-          << json_stats("exact_vs_f64", r.exact_vs_f64) << "}";
+    std::vector<std::string> words = {"fp4attn", "emulation"}, records;
+    words.insert(words.end(), argv.begin(), argv.end());
+    for (const Row& r : rows) {
+      JsonObject j;
+      j.str("recipe", r.recipe).str("input", r.input);
+      j.integer("b", b).integer("h", h).integer("s", s).integer("d", d).boolean("causal", causal);
+      j.obj("folded_vs_exact", json_stats(r.folded_vs_exact));
+      j.obj("folded_vs_f64", json_stats(r.folded_vs_f64));
+      j.obj("exact_vs_f64", json_stats(r.exact_vs_f64));
+      records.push_back(j.render());
     }
-    out << "\n]}\n";
+    JsonObject doc;
+    doc.str("suite", "emulation").str("command", command_line(words));
+    doc.raw("records", json_array_lines(records));
+    const std::string path = a.get("json", "");
+    if (!write_json_file(path, doc)) throw UsageError("--json: cannot write '" + path + "'");
   }
   return 0;
 }

@@ -5,18 +5,18 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "cli_args.h"
 #include "cli_inputs.h"
 #include "commands.h"
-#include "fp4attn/golden.h"
-#include "fp4attn/golden_backward.h"
-#include "fp4attn/metrics.h"
-#include "fp4attn/reference.h"
-#include "fp4attn/suite.h"
+#include "fp4attn/golden/golden.h"
+#include "fp4attn/golden/golden_backward.h"
+#include "fp4attn/golden/reference.h"
+#include "harness/metrics.h"
+#include "harness/suite.h"
+#include "json_writer.h"
 
 namespace fp4attn::cli {
 namespace {
@@ -29,8 +29,8 @@ const std::vector<FlagSpec> kGradFlags = with_suite_shape_flags({
      "forward-o"},
     {"smooth-k", false, "K smoothing (the recipe's K minus its mean per head, numerics.md §3)", ""},
     {"ds-scales", true,
-     "dS's power-of-two scales (fp8 arithmetic): 'per-tile' (the GPU's v2 kernel) or 'per-head' "
-     "(v1)",
+     "dS's power-of-two scales (fp8 arithmetic): 'per-tile' (the GPU kernel's) or 'per-head' "
+     "(one per (batch, head) slice)",
      "per-tile"},
     {"arithmetic", true,
      "the golden backward's GEMMs: 'fp8' (the GPU's FP8 operands) or 'f64' (float64)", "fp8"},
@@ -60,11 +60,8 @@ std::vector<double> make_dout(int64_t n, uint64_t seed) {
   return x;
 }
 
-std::string json_stats(const char* name, const ErrorStats& e) {
-  char buf[160];
-  std::snprintf(buf, sizeof buf, "\"%s\": {\"cos\": %.7f, \"rel_l2\": %.7g}", name, e.cos,
-                e.rel_l2);
-  return buf;
+JsonObject json_stats(const ErrorStats& e) {
+  return JsonObject().num("cos", e.cos, 7).num("rel_l2", e.rel_l2, 7);
 }
 
 }  // namespace
@@ -164,30 +161,28 @@ int cmd_grad(const std::vector<std::string>& argv) {
   std::printf("\ntotal %.1f s\n", total_s);
 
   if (a.has("json")) {
-    const std::string path = a.get("json", "");
-    std::ofstream out(path);
-    if (!out) throw UsageError("--json: cannot open '" + path + "' for writing");
-    std::string command = "fp4attn grad";
-    for (const std::string& arg : argv) command += " " + arg;
-    out << "{\"suite\": \"grad-accuracy\", \"command\": \"" << command << "\", \"seed\": " << seed
-        << ",\n \"dout\": \"N(0,1): suite_normal(seed, stream 101, flat BSHD index)\""
-        << ",\n \"shape\": {\"b\": " << b << ", \"h\": " << h << ", \"s\": " << s
-        << ", \"d\": " << d << "}, \"d_source\": \"" << d_source << "\", \"arithmetic\": \""
-        << arith << "\", \"ds_scales\": \"" << ds_scales << "\", \"seconds\": " << total_s
-        << ",\n \"records\": [";
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const GradRow& r = rows[i];
-      out << (i ? "," : "") << "\n  {\"recipe\": \"" << r.recipe << "\", \"input\": \"" << r.input
-          << "\", \"causal\": " << (causal ? "true" : "false")
-          << ", \"smooth_k\": " << (smooth_k ? "true" : "false") << ", ";
+    std::vector<std::string> words = {"fp4attn", "grad"}, records;
+    words.insert(words.end(), argv.begin(), argv.end());
+    for (const GradRow& r : rows) {
+      JsonObject j;
+      j.str("recipe", r.recipe).str("input", r.input).boolean("causal", causal);
+      j.boolean("smooth_k", smooth_k);
       if (!r.refused.empty()) {
-        out << "\"refused\": \"" << r.refused << "\"}";
+        j.str("refused", r.refused);
       } else {
-        out << json_stats("dq", r.dq) << ", " << json_stats("dk", r.dk) << ", "
-            << json_stats("dv", r.dv) << "}";
+        j.obj("dq", json_stats(r.dq)).obj("dk", json_stats(r.dk)).obj("dv", json_stats(r.dv));
       }
+      records.push_back(j.render());
     }
-    out << "\n]}\n";
+    JsonObject doc;
+    doc.str("suite", "grad-accuracy").str("command", command_line(words));
+    doc.integer("seed", static_cast<long long>(seed));
+    doc.str("dout", "N(0,1): suite_normal(seed, stream 101, flat BSHD index)");
+    doc.obj("shape", JsonObject().integer("b", b).integer("h", h).integer("s", s).integer("d", d));
+    doc.str("d_source", d_source).str("arithmetic", arith).str("ds_scales", ds_scales);
+    doc.num("seconds", total_s, 4).raw("records", json_array_lines(records));
+    const std::string path = a.get("json", "");
+    if (!write_json_file(path, doc)) throw UsageError("--json: cannot write '" + path + "'");
   }
   return 0;
 }

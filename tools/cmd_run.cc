@@ -3,18 +3,18 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "cli_args.h"
 #include "cli_inputs.h"
 #include "commands.h"
-#include "fp4attn/golden.h"
-#include "fp4attn/metrics.h"
-#include "fp4attn/reference.h"
-#include "fp4attn/suite.h"
+#include "fp4attn/golden/golden.h"
+#include "fp4attn/golden/reference.h"
 #include "gpu/run_gpu.h"
+#include "harness/metrics.h"
+#include "harness/suite.h"
+#include "json_writer.h"
 
 namespace fp4attn::cli {
 namespace {
@@ -95,31 +95,23 @@ void print_row(const Row& r) {
 
 void write_json(const std::string& path, const Problem& p, const std::vector<Row>& rows,
                 const std::string& command) {
-  std::ofstream f(path);
-  if (!f) throw UsageError("--json: cannot open '" + path + "' for writing");
-  f << "{\"suite\": \"accuracy\", \"command\": \"" << command << "\",\n \"records\": [";
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    // The GPU backend does not count P underflow: null.
-    const std::string p_zero =
-        std::isnan(r.p_zero_pct) ? "null" : std::to_string(r.p_zero_pct).substr(0, 10);
-    char buf[768];
-    std::snprintf(buf, sizeof buf,
-                  "%s\n  {\"recipe\": \"%s\", \"input\": \"%s\", \"backend\": \"%s\", \"b\": %lld, "
-                  "\"h\": %lld, \"h_kv\": %lld, \"s_q\": %lld, \"s_k\": %lld, \"d\": %lld, "
-                  "\"causal\": %s, \"cos\": %.6f, \"rel_l2\": %.6f, \"rel_l1\": %.6f, "
-                  "\"rmse\": %.6e, \"max_abs\": %.6e, \"lse_max_err\": %.6e, "
-                  "\"p_zero_pct\": %s, \"nan_mismatch\": %lld, \"inf_mismatch\": %lld, "
-                  "\"ms\": %.3f}",
-                  i ? "," : "", r.recipe.c_str(), r.input.c_str(), r.backend.c_str(),
-                  (long long)p.b, (long long)p.h, (long long)p.h_kv, (long long)p.s_q,
-                  (long long)p.s_k, (long long)p.d, p.causal ? "true" : "false", r.vs_f64.cos,
-                  r.vs_f64.rel_l2, r.vs_f64.rel_l1, r.vs_f64.rmse, r.vs_f64.max_abs, r.lse_max_err,
-                  p_zero.c_str(), (long long)r.vs_f64.nan_mismatch,
-                  (long long)r.vs_f64.inf_mismatch, r.ms);
-    f << buf;
+  std::vector<std::string> records;
+  for (const Row& r : rows) {
+    JsonObject j;
+    j.str("recipe", r.recipe).str("input", r.input).str("backend", r.backend);
+    j.integer("b", p.b).integer("h", p.h).integer("h_kv", p.h_kv).integer("s_q", p.s_q);
+    j.integer("s_k", p.s_k).integer("d", p.d).boolean("causal", p.causal);
+    j.num("cos", r.vs_f64.cos, 7).num("rel_l2", r.vs_f64.rel_l2, 7);
+    j.num("rel_l1", r.vs_f64.rel_l1, 7).num("rmse", r.vs_f64.rmse, 7);
+    j.num("max_abs", r.vs_f64.max_abs, 7).num("lse_max_err", r.lse_max_err, 7);
+    j.num("p_zero_pct", r.p_zero_pct, 7);  // NaN (null): the GPU backend does not count it
+    j.integer("nan_mismatch", r.vs_f64.nan_mismatch);
+    j.integer("inf_mismatch", r.vs_f64.inf_mismatch).num("ms", r.ms, 6);
+    records.push_back(j.render());
   }
-  f << "\n]}\n";
+  JsonObject doc;
+  doc.str("suite", "accuracy").str("command", command).raw("records", json_array_lines(records));
+  if (!write_json_file(path, doc)) throw UsageError("--json: cannot write '" + path + "'");
 }
 
 }  // namespace
@@ -216,9 +208,9 @@ int cmd_run(const std::vector<std::string>& argv) {
     }
   }
   if (a.has("json")) {
-    std::string command = "fp4attn run";
-    for (const std::string& s : argv) command += " " + s;
-    write_json(a.get("json", ""), p, rows, command);
+    std::vector<std::string> words = {"fp4attn", "run"};
+    words.insert(words.end(), argv.begin(), argv.end());
+    write_json(a.get("json", ""), p, rows, command_line(words));
   }
   return 0;
 }

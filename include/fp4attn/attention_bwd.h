@@ -7,7 +7,7 @@ namespace fp4attn {
 // Which O enters D = rowsum(dO * O) (docs/numerics.md §8, "D from the forward's O or from a
 // high-precision O"); the golden backward's BackwardOptions and the GPU's BackwardCudaOptions.
 enum class DSource {
-  // The `o` argument: the quantized forward's output, as issue 8 specifies by default.
+  // The `o` argument: the quantized forward's output (the default).
   kForwardO,
   // O rebuilt from the backward's own P and V, sum_j p_ij v_j (Attn-QAT's high-precision O): then
   // every row of dS sums to zero. Same as kForwardO for nvfp4-fast and fp4-direct. With the GPU's
@@ -22,13 +22,9 @@ struct BackwardCudaOptions {
   // query block add in key-block order (a per-query-block turn counter): repeated runs are
   // bit-identical, at the cost of waiting for the turn.
   bool deterministic = false;
-  // The main kernel (docs/kernels/bwd_sm90.md), for A/B measurements and as a fallback: 0 = the
-  // environment variable FP4ATTN_BWD_KERNEL ("v1" or "v2") when set, else v2; 1 = v1 (mma.sync);
-  // 2 = v2 (wgmma). Both compute the same numerics (they differ in FP32 summation order only).
-  int kernel = 0;
   // The D of dS = p (dP - D). kHighPrecisionO (training: a key bias gets no spurious gradient)
-  // needs the v2 kernel: v2 sums p dP per query row in its amax pass (FP32 atomics, in key-block
-  // turns when deterministic); v1 refuses it with Unsupported.
+  // sums p dP per query row in the backward's amax pass (FP32 atomics, in key-block turns when
+  // deterministic).
   DSource d_source = DSource::kForwardO;
 };
 

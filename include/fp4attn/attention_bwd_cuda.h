@@ -1,14 +1,14 @@
-// Backward attention on the GPU (sm_90a, issue 8): docs/kernels/bwd_sm90.md.
+// Backward attention on the GPU (sm_90a): docs/kernels/bwd_sm90.md.
 //
 // Gradients of the exp2 recipes (fp8, nvfp4, nvfp4-hx, mxfp4, nvfp4-all) and of the exp-free
-// nvfp4-fast and fp4-direct with the arithmetic of golden_attention_backward(..., BackwardArithmetic::
-// kEmulatedFp8) (docs/numerics.md §8): S is rebuilt from the forward's E4M3 Q/K operands, P =
-// exp2(S * scale * log2 e - LSE * log2 e) (exp2 recipes) or the forward's code of z - m over its
-// denominator (nvfp4-fast's E4M3 codes, fp4-direct's E2M1 codes per 32-key block: m from the
-// forward's row_max output), every
-// GEMM operand is FP8 (E4M3 Q, K, V, P lifted by 2^8, dS; E5M2 dO) with per-(batch, head)
-// power-of-two scales, FP32 accumulation, D = rowsum(dO * O) from the forward's O (default) or,
-// with BackwardCudaOptions::d_source = kHighPrecisionO (v2 kernel), D = sum_j p_ij dP_ij.
+// nvfp4-fast and fp4-direct with the arithmetic of golden_attention_backward(...,
+// BackwardArithmetic:: kEmulatedFp8) (docs/numerics.md §8): S is rebuilt from the forward's E4M3
+// Q/K operands, P = exp2(S * scale * log2 e - LSE * log2 e) (exp2 recipes) or the forward's code of
+// z - m over its denominator (nvfp4-fast's E4M3 codes, fp4-direct's E2M1 codes per 32-key block: m
+// from the forward's row_max output), every GEMM operand is FP8 (E4M3 Q, K, V, P lifted by 2^8, dS;
+// E5M2 dO) with per-(batch, head) power-of-two scales, FP32 accumulation, D = rowsum(dO * O) from
+// the forward's O (default) or, with BackwardCudaOptions::d_source = kHighPrecisionO, D = sum_j
+// p_ij dP_ij.
 //
 // Two entry points, as the forward's:
 //  * attention_backward_operands_cuda: on the kernel operands the forward ran on
@@ -30,7 +30,7 @@ namespace fp4attn {
 // in, opt: what the forward ran on (opt.recipe one of the engine's: fp8, nvfp4, nvfp4-hx, mxfp4,
 // nvfp4-all, nvfp4-fast, fp4-direct).
 // row_max: the forward's row_max output (attention_cuda.h), required for nvfp4-fast and
-// fp4-direct (which run on the v2 main kernel only), ignored otherwise.
+// fp4-direct, ignored otherwise.
 // o: the forward's output [b, s_q, h, d] BF16/FP16 (d contiguous); lse: FP32 [b, h, s_q] (natural
 // log, +inf for rows without keys), required; dout: [b, s_q, h, d] BF16/FP16 (d contiguous).
 // dq [b, s_q, h, d], dk and dv [b, s_k, h_kv, d]: F32 or BF16 (each on its own), d contiguous,

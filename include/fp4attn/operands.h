@@ -15,7 +15,8 @@
 
 #include <cstdint>
 
-#include "fp4attn/config.h"
+#include "fp4attn/numerics/config.h"
+#include "fp4attn/numerics/quantize.h"
 #include "fp4attn/recipe.h"
 #include "fp4attn/status.h"
 #include "fp4attn/tensor.h"
@@ -48,6 +49,56 @@ FP4ATTN_HD constexpr int64_t operand_v_key_at(int64_t position) {
 FP4ATTN_HD constexpr int64_t operand_v_position_of(int64_t key) {
   const int64_t k = key & 15;
   return (key & ~int64_t{15}) + 4 * ((k >> 1) & 3) + (k & 1) + 2 * (k >> 3);
+}
+// The permutation never leaves a group of this many keys; kOperandTokenPad keeps groups whole.
+constexpr int64_t kOperandVKeyGroup = 16;
+static_assert(kOperandTokenPad % kOperandVKeyGroup == 0);
+
+// The dtype of an operand's data: BF16 for the bf16 recipe, E4M3 codes for every other.
+constexpr DType operand_data_dtype(Recipe recipe) {
+  return recipe == Recipe::kBf16 ? DType::kBF16 : DType::kE4M3;
+}
+
+// The head dims every operand and kernel takes.
+constexpr int64_t kOperandHeadDims[] = {64, 128};
+constexpr bool operand_head_dim_supported(int64_t d) {
+  for (int64_t h : kOperandHeadDims) {
+    if (d == h) return true;
+  }
+  return false;
+}
+
+// The FP4 block quantizer behind an operand, where one is (numerics.md §3): NVFP4 Q/K of the
+// nvfp4 recipes and fp4-direct, NVFP4 V (along tokens) of nvfp4-all, MXFP4 Q/K of mxfp4; each
+// function gives the scale rule, or false for every other operand (E4M3, BF16, and fp4-direct's
+// Direct-V). Packed FP4 quantized with this rule folds into the operand's bytes (the exact
+// repack), which fp4attn.distributed's ring messages rely on.
+constexpr bool operand_nvfp4_rule(Recipe recipe, OperandRole role, Nvfp4ScaleRule* rule) {
+  if (role == OperandRole::kV) {
+    if (recipe != Recipe::kNvfp4All) return false;
+    *rule = Nvfp4ScaleRule::kNearest;
+    return true;
+  }
+  switch (recipe) {
+    case Recipe::kNvfp4:
+    case Recipe::kNvfp4Fast:
+    case Recipe::kNvfp4All:
+      *rule = Nvfp4ScaleRule::kFourOverSix;  // rel-L2 0.133 instead of 0.144 (decisions.md)
+      return true;
+    case Recipe::kNvfp4Hx:
+      *rule = Nvfp4ScaleRule::kRestricted;  // mantissas {1, 1.25, 1.5}: exact on FP8 MMA
+      return true;
+    case Recipe::kFp4Direct:
+      *rule = Nvfp4ScaleRule::kNearest;  // the paper's plain rule
+      return true;
+    default:
+      return false;
+  }
+}
+constexpr bool operand_mxfp4_rule(Recipe recipe, OperandRole role, MxScaleRule* rule) {
+  if (role == OperandRole::kV || recipe != Recipe::kMxfp4) return false;
+  *rule = MxScaleRule::kRoundUp;
+  return true;
 }
 
 struct OperandOptions {

@@ -51,6 +51,9 @@ Status paged_prefill_layout(const TensorView& cu_seqlens_q, const TensorView& se
 ForwardOperands paged_prefill_operands(const PagedPrefillLayout& layout, void* workspace,
                                        int64_t first, int64_t n);
 
+// The NVFP4 fold's divisor: e2m1 (<= 6) * scale (<= 448) / 8 <= 336 < 448, exact in E4M3's range.
+constexpr float kPagedPrefillFoldDivisor = 8.f;
+
 // The NVFP4 fold of one cached element (the repack_to_operand_cuda rule): the E4M3 operand code
 // E4M3_RNE(e2m1 * scale / 8) (both products exact in FP32), 0x7F for a NaN scale (0x7F/0xFF),
 // whose operand factor is 8 / s_enc. The dequantized value e2m1 * scale / s_enc and the operand's
@@ -58,33 +61,9 @@ ForwardOperands paged_prefill_operands(const PagedPrefillLayout& layout, void* w
 // has at most 4 significant bits and is a normal E4M3 value).
 uint8_t paged_prefill_fold_nvfp4(uint8_t code, uint8_t scale);
 
-// The host reference of the gather/repack: writes the k_data, k_scale, v_data and v_scale regions
-// of `workspace` (host memory, layout.bytes bytes; the Q regions are not touched) from the cache
-// (host memory) through block_tables (I32 [b, max_pages]); lengths come from the layout.
-//   NVFP4: K and V codes folded by paged_prefill_fold_nvfp4, every K tile factor and V channel
-//          factor 8 / s_enc (FP32 division).
-//   FP8:   K and V bytes copied as they are, K tile factors and V channel factors = the cache's
-//          decode scale.
-// V keys permuted within 16-key groups (operand_v_position_of), padding keys (L..pitch(L)) 0.
-// A sequence with L = 0 has no K/V bytes, and its v_scale is left as it was.
-// Runs the golden's checks of the cache and the page ids first.
-Status paged_prefill_repack_host(const PagedKvCache& cache, const TensorView& block_tables,
-                                 const PagedPrefillLayout& layout, void* workspace);
-
 // The recipes a paged prefill's Q may use (its operand is E4M3 either way; the engine's P and V
 // path are the same for both): kFp8 (default: per-128-token FP32 scales, the more accurate) and
 // kNvfp4 (Four-Over-Six NVFP4 folded like K, s_enc per (sequence, head)).
 bool paged_prefill_q_recipe_supported(Recipe r);
-
-// The golden paged prefill in the GPU path's numerics: the layout, this host repack, Q quantized
-// by quantize_operand_host (q_recipe, per sequence), then golden_attention_forward_operands per
-// sequence (recipe q_recipe: P = E4M3(exp2(z - m + 8)), the engine's rule). Arguments as
-// golden_paged_attention with a varlen q: q [total_q, h, d] BF16/FP16 (FP32 if BF16-exact),
-// cu_seqlens_q I32 [b + 1], o [total_q, h, d] any float dtype, lse [h, total_q] F32/F64 or
-// undefined. Host memory; d 64 or 128.
-Status golden_paged_prefill(const TensorView& q, const TensorView& cu_seqlens_q,
-                            const PagedKvCache& cache, const TensorView& block_tables,
-                            const TensorView& seq_lens, const PagedAttentionOptions& opt,
-                            Recipe q_recipe, const TensorView& o, const TensorView& lse);
 
 }  // namespace fp4attn

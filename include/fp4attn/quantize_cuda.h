@@ -7,8 +7,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "fp4attn/numerics/quantize.h"
 #include "fp4attn/operands.h"
-#include "fp4attn/quantize.h"
 #include "fp4attn/recipe.h"
 #include "fp4attn/status.h"
 #include "fp4attn/tensor.h"
@@ -78,8 +78,7 @@ Status dequantize_packed_cuda(const PackedTensor& in, const TensorView& out, cud
 // opt.tensor_scale / opt.smooth_k only apply to that last path.
 Status repack_to_operand_cuda(const PackedTensor& in, Recipe recipe, OperandRole role,
                               const OperandOptions& opt, const TensorView& data,
-                              const TensorView& scale, const TensorView& mean,
-                              cudaStream_t stream);
+                              const TensorView& scale, const TensorView& mean, cudaStream_t stream);
 
 // ==== End of packed storage ====================================================================
 

@@ -20,6 +20,18 @@ constexpr Recipe kAllRecipes[] = {Recipe::kBf16,     Recipe::kFp8,      Recipe::
                                   Recipe::kNvfp4Hx,  Recipe::kMxfp4,    Recipe::kNvfp4Fast,
                                   Recipe::kNvfp4All, Recipe::kFp4Direct};
 
+// The recipes the GPU forward engine runs, in the order messages list them: all but bf16, whose
+// attention is the CPU golden model's only.
+constexpr Recipe kGpuRecipes[] = {Recipe::kFp8,      Recipe::kNvfp4,    Recipe::kNvfp4Hx,
+                                  Recipe::kMxfp4,    Recipe::kNvfp4All, Recipe::kNvfp4Fast,
+                                  Recipe::kFp4Direct};
+// The recipes the GPU backward runs: every engine recipe.
+inline constexpr const auto& kGpuBackwardRecipes = kGpuRecipes;
+bool recipe_has_gpu_forward(Recipe r);
+bool recipe_has_gpu_backward(Recipe r);
+// "fp8, nvfp4, ...": the names of kGpuRecipes, for messages.
+const char* gpu_recipe_names();
+
 const char* recipe_name(Recipe r);     // "nvfp4-hx", ...
 const char* recipe_summary(Recipe r);  // one line for `fp4attn recipes`
 bool parse_recipe(std::string_view name, Recipe* out);

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "fp4attn/config.h"
+#include "fp4attn/numerics/config.h"
 
 namespace fp4attn {
 

@@ -6,22 +6,22 @@ CPU tensors run on the golden model (the bit-exact definition of every recipe, s
 tensors on the GPU kernels. See docs/python.md.
 """
 
-from ._checks import RECIPES
+from ._layout import RECIPES
 from ._native import _C, UnsupportedError
-from .api import attn_func, attn_quantized, fake_quantize, quantize_q, quantize_qkv
+from .api import attn_func, attn_quantized, fake_quantize, quantize_qkv
 from .paged import PagedKVCache, append_kv, decode
-from .quantized import QuantizedQKV
+from .quantized import QuantizedQKV, quantize_q
 from .varlen import attn_varlen_func
 
 __version__ = "0.1.0"
 
 
 def cuda_available() -> bool:
-    """Whether attention on CUDA tensors can run: a GPU is visible and this build has the GPU
-    engine compiled in (the device itself must also be a Hopper, see check_forward_device)."""
+    """Whether attention on CUDA tensors can run: a GPU is visible and this build has the CUDA
+    kernels compiled in (the device itself must also be a Hopper, see check_forward_device)."""
     import torch
 
-    return bool(_C.has_cuda() and _C.has_cuda_attention() and torch.cuda.is_available())
+    return bool(_C.has_cuda() and torch.cuda.is_available())
 
 
 __all__ = [

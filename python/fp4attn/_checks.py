@@ -9,15 +9,14 @@ import math
 
 import torch
 
-from . import _C
+from ._layout import HEAD_DIMS, RECIPES
 
-HEAD_DIMS = (64, 128)
 LAYOUTS = ("bshd", "bhsd")
 D_SOURCES = ("forward-o", "high-precision-o")
 ROLES = ("q", "k", "v")
 CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 CUDA_DTYPES = (torch.float16, torch.bfloat16)
-RECIPES = tuple(name for name, _ in _C.recipes())
+QUANTIZE_CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the quantizers' inputs
 
 # Dimension names of q and of k/v per layout, for messages in the caller's terms.
 _DIMS = {
@@ -92,7 +91,28 @@ def check_device(t: torch.Tensor, name: str, like: torch.Tensor, like_name: str)
 
 def check_head_dim(d: int, name: str) -> None:
     if d not in HEAD_DIMS:
-        raise ValueError(f"{name}: head_dim {d} is not supported (supported: 64, 128)")
+        supported = ", ".join(str(h) for h in HEAD_DIMS)
+        raise ValueError(f"{name}: head_dim {d} is not supported (supported: {supported})")
+
+
+def check_quantize_dtype(t: torch.Tensor, name: str) -> None:
+    """The dtypes the operand quantizers take (quantize_qkv, quantize_q, the ring's shards)."""
+    if t.device.type != "cuda" and t.dtype not in QUANTIZE_CPU_DTYPES:
+        raise TypeError(
+            f"{name}: dtype {t.dtype} is not supported by quantize_qkv on CPU "
+            "(supported: float16, bfloat16, float32)"
+        )
+
+
+def check_tensor_scale(value: float | None, name: str) -> float:
+    """A static NVFP4 encode scale: None -> 0.0 (computed per (batch, head))."""
+    if value is None:
+        return 0.0
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"{name}: expected a float or None, got {type(value).__name__}")
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{name}: expected a finite value > 0 (None = computed), got {value}")
+    return float(value)
 
 
 def check_last_dim_contiguous(t: torch.Tensor, name: str) -> None:

@@ -1,5 +1,6 @@
 """torch.library custom ops over the extension, with fake (meta) kernels for torch.compile and
-CUDA graphs. Tensors here are BSHD; layouts and argument checks live in api.py.
+CUDA graphs. Attention tensors here are BSHD; layouts and argument checks live in api.py (the
+paged KV cache's in paged.py).
 
 Each op allocates its outputs with torch and lets the extension fill them: on CPU through the
 golden model, on CUDA through the kernels, on the current stream (no synchronization, so the ops
@@ -13,24 +14,15 @@ import math
 import torch
 from torch import Tensor
 
+from ._layout import (
+    E4M3,
+    GPU_BACKWARD_RECIPES,
+    SCALE_TILE,
+    operand_dtype,
+    operand_shapes,
+    v_position_of,
+)
 from ._native import _C, UnsupportedError, as_codes, cuda_stream, require_cuda_build, run_cuda
-
-E4M3 = torch.float8_e4m3fn
-V_TOKEN_PAD = 16  # operands.h: V^T rows are padded to a multiple of 16 tokens
-SCALE_TILE = 128  # operands.h: one Q/K scale per 128 tokens
-
-
-def operand_shapes(x_shape, role: str):
-    """(data shape, scale shape) of the operand of a BSHD input (include/fp4attn/operands.h)."""
-    b, s, h, d = x_shape
-    if role == "v":
-        pitch = (s + V_TOKEN_PAD - 1) // V_TOKEN_PAD * V_TOKEN_PAD
-        return (b, h, d, pitch), (b, h, d)
-    return (b, h, s, d), (b, h, (s + SCALE_TILE - 1) // SCALE_TILE)
-
-
-def operand_dtype(recipe: str) -> torch.dtype:
-    return torch.bfloat16 if recipe == "bf16" else E4M3
 
 
 def _outputs(q_shape, dtype, device):
@@ -66,7 +58,7 @@ def attn_fwd(
                 "smooth_k: fp4attn::attn_fwd smooths K on CPU tensors only; on CUDA call "
                 "fp4attn.attn_func(..., smooth_k=True), which runs it on the kernel operands"
             )
-        require_cuda_build("q", attention=True)
+        require_cuda_build("q")
         with torch.cuda.device(q.device):
             run_cuda(
                 _C.attention_cuda,
@@ -102,7 +94,7 @@ def quantize_operand(
     data = torch.empty(data_shape, dtype=operand_dtype(recipe), device=x.device)
     scale = torch.empty(scale_shape, dtype=torch.float32, device=x.device)
     if x.device.type == "cuda":
-        require_cuda_build(role, attention=False)
+        require_cuda_build(role)
         with torch.cuda.device(x.device):
             run_cuda(
                 _C.quantize_operand_cuda,
@@ -143,7 +135,7 @@ def quantize_k_smoothed(
     b, _, h, d = x.shape
     mean = torch.empty((b, h, d), dtype=torch.float32, device=x.device)
     if x.device.type == "cuda":
-        require_cuda_build("k", attention=False)
+        require_cuda_build("k")
         with torch.cuda.device(x.device):
             run_cuda(
                 _C.quantize_operand_cuda,
@@ -188,21 +180,16 @@ def smooth_k_lse(lse: Tensor, q: Tensor, mean: Tensor, softmax_scale: float) -> 
     return (lse.double() + scale * qm).float()
 
 
-def _v_positions(s: int, device) -> Tensor:
-    """Position of each key 0..s-1 in its V^T row (operands.h operand_v_position_of)."""
-    key = torch.arange(s, device=device)
-    k = key & 15
-    return (key & ~15) + 4 * ((k >> 1) & 3) + (k & 1) + 2 * (k >> 3)
-
-
 def dequantize_operand(data: Tensor, scale: Tensor, role: str, seqlen: int) -> Tensor:
     """BSHD float64 values of an operand: data x its scale (operands.h). Exact: a code of at most
     8 significant bits times an FP32 scale fits in float64's 53."""
     data = data.double()
     if role == "v":  # data [b, h, d, pitch] with keys permuted, scale per channel [b, h, d]
-        values = data.index_select(3, _v_positions(seqlen, data.device)) * scale.double()[..., None]
+        values = (
+            data.index_select(3, v_position_of(seqlen, data.device)) * scale.double()[..., None]
+        )
         return values.permute(0, 3, 1, 2)
-    # data [b, h, s, d], scale [b, h, tiles] for 128-token tiles
+    # data [b, h, s, d], scale [b, h, tiles] for SCALE_TILE-token tiles
     row_scale = scale.double().repeat_interleave(SCALE_TILE, dim=2)[:, :, :seqlen, None]
     return (data * row_scale).transpose(1, 2)
 
@@ -278,7 +265,7 @@ def _operands_forward(
         causal,
     )
     if q_data.device.type == "cuda":
-        require_cuda_build("q_data", attention=True)
+        require_cuda_build("q_data")
         with torch.cuda.device(q_data.device):
             run_cuda(_C.attention_operands_cuda, *args, cuda_stream(q_data.device), row_max)
     else:
@@ -294,15 +281,13 @@ def _(q_data, q_scale, k_data, k_scale, v_data, v_scale, recipe, softmax_scale, 
 
 # ---- packed FP4 storage (plain functions: the ring's wire format, fp4attn.distributed) ---------
 
-PACKED_BLOCK = {"nvfp4": 16, "mxfp4": 32}  # values per scale along the last dim
-
 
 def quantize_packed_into(x: Tensor, fmt: str, rule: str, packed, scales, s_enc_out) -> None:
     """Packed FP4 of a BSHD tensor into packed U8 [b, s, h, d / 2] and row-major scales U8
     [b, s, h, d / block] (include/fp4attn/quantize_cuda.h). NVFP4: the tensor scale s_enc comes
     from x's amax and is written to s_enc_out (F32 [1]); MXFP4: s_enc_out is None."""
     if x.device.type == "cuda":
-        require_cuda_build("x", attention=False)
+        require_cuda_build("x")
         with torch.cuda.device(x.device):
             run_cuda(
                 _C.quantize_packed_cuda,
@@ -327,13 +312,12 @@ def repack_operand(
     for the values the codes came from. The data do not depend on s_enc (NVFP4 scale = 8 /
     s_enc). Combinations that would requantize raise UnsupportedError."""
     b, s, h, half = packed.shape
-    data = torch.empty((b, h, s, 2 * half), dtype=E4M3, device=packed.device)
-    scale = torch.empty(
-        (b, h, (s + SCALE_TILE - 1) // SCALE_TILE), dtype=torch.float32, device=packed.device
-    )
+    data_shape, scale_shape = operand_shapes((b, s, h, 2 * half), "q")  # the Q/K layout
+    data = torch.empty(data_shape, dtype=E4M3, device=packed.device)
+    scale = torch.empty(scale_shape, dtype=torch.float32, device=packed.device)
     args = (packed, scales, fmt, s_enc, recipe, role, as_codes(data), scale)
     if packed.device.type == "cuda":
-        require_cuda_build("packed", attention=False)
+        require_cuda_build("packed")
         with torch.cuda.device(packed.device):
             run_cuda(_C.repack_to_operand_cuda, *args, cuda_stream(packed.device))
     else:
@@ -343,13 +327,13 @@ def repack_operand(
 
 # ---- backward (CPU: the golden model; CUDA: the GPU backward of the exp2 recipes) ---------------
 
-# The recipes whose backward runs on the GPU (docs/kernels/bwd_sm90.md): every engine recipe;
-# nvfp4-fast's and fp4-direct's need the forward's row_max (attn_quantized_fwd saves it).
-GPU_BACKWARD_RECIPES = ("fp8", "nvfp4", "nvfp4-hx", "mxfp4", "nvfp4-all", "nvfp4-fast", "fp4-direct")
+# GPU_BACKWARD_RECIPES (_layout, from _C): the recipes whose backward runs on the GPU
+# (docs/kernels/bwd_sm90.md), every engine recipe; nvfp4-fast's and fp4-direct's need the
+# forward's row_max (attn_quantized_fwd saves it).
 
 
 def _require_gpu_backward(recipe: str, what: str) -> None:
-    require_cuda_build(what, attention=True)
+    require_cuda_build(what)
     if recipe not in GPU_BACKWARD_RECIPES:
         raise UnsupportedError(
             f"recipe: '{recipe}' has no GPU backward yet (it has: "
@@ -727,6 +711,176 @@ def _no_context(ctx, inputs, output):
 
 attn_operands_fwd.register_autograd(_no_backward, setup_context=_no_context)
 
+# ---- the paged KV cache (fp4attn.paged checks the arguments first) ----------------------------
+
+
+def _cache_codes(k_data, v_data, k_scales, v_scales, k_global, v_global, fmt):
+    """The cache's tensors as the extension takes them (FP8 codes as uint8), and its format."""
+
+    def codes(t):
+        return None if t is None else as_codes(t)
+
+    return (
+        codes(k_data),
+        codes(v_data),
+        codes(k_scales),
+        codes(v_scales),
+        k_global,
+        v_global,
+        fmt,
+    )
+
+
+@torch.library.custom_op(
+    "fp4attn::paged_kv_append",
+    mutates_args=("k_data", "v_data", "k_scales", "v_scales", "k_global", "v_global"),
+)
+def paged_kv_append(
+    k: Tensor,
+    v: Tensor,
+    slot_mapping: Tensor,
+    k_data: Tensor,
+    v_data: Tensor,
+    k_scales: Tensor | None,
+    v_scales: Tensor | None,
+    k_global: Tensor,
+    v_global: Tensor,
+    fmt: str,
+    rule: str,
+) -> None:
+    """Writes k, v [num_tokens, kv_heads, head_dim] into the cache's tensors at slot_mapping
+    (int32), in place; an uncalibrated global (0) is set first (include/fp4attn/paged_kv.h)."""
+    cache = _cache_codes(k_data, v_data, k_scales, v_scales, k_global, v_global, fmt)
+    if k.device.type == "cuda":
+        require_cuda_build("append_kv")
+        run_cuda(
+            _C.paged_kv_append_cuda,
+            k,
+            v,
+            slot_mapping,
+            *cache,
+            rule,
+            None,
+            True,
+            cuda_stream(k.device),
+        )
+    else:
+        _C.paged_kv_append_host(k, v, slot_mapping, *cache, rule)
+
+
+@paged_kv_append.register_fake
+def _(k, v, slot_mapping, k_data, v_data, k_scales, v_scales, k_global, v_global, fmt, rule):
+    return None
+
+
+def _paged_outputs(q, block_tables, cu_seqlens_q, return_lse: bool):
+    """o like q, and lse float32 [heads, total_q] (varlen) or [batch, heads, s_q]; an empty lse
+    when it is not asked for (the extension then skips it)."""
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    heads = q.shape[-2]
+    if not return_lse:
+        shape = (0,)
+    elif cu_seqlens_q is not None:
+        shape = (heads, q.shape[0])
+    else:
+        shape = (block_tables.shape[0], heads, q.shape[1])
+    return o, torch.empty(shape, dtype=torch.float32, device=q.device)
+
+
+@torch.library.custom_op("fp4attn::paged_decode", mutates_args=())
+def paged_decode(
+    q: Tensor,
+    cu_seqlens_q: Tensor | None,
+    k_data: Tensor,
+    v_data: Tensor,
+    k_scales: Tensor | None,
+    v_scales: Tensor | None,
+    k_global: Tensor,
+    v_global: Tensor,
+    fmt: str,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    return_lse: bool,
+) -> tuple[Tensor, Tensor]:
+    """Attention of q over the paged cache: (o, lse), lse empty unless return_lse. CPU: the
+    golden paged attention; CUDA: the decode kernel, with host copies of block_tables, seq_lens
+    (and cu_seqlens_q) whose page ids and lengths are checked before the launch."""
+    o, lse = _paged_outputs(q, block_tables, cu_seqlens_q, return_lse)
+    lse_out = lse if return_lse else None
+    cache = _cache_codes(k_data, v_data, k_scales, v_scales, k_global, v_global, fmt)
+    if q.device.type == "cuda":
+        require_cuda_build("decode")
+        with torch.cuda.device(q.device):
+            run_cuda(
+                _C.paged_attention_cuda,
+                q,
+                cu_seqlens_q,
+                *cache,
+                block_tables,
+                seq_lens,
+                softmax_scale,
+                causal,
+                o,
+                lse_out,
+                block_tables.cpu(),
+                seq_lens.cpu(),
+                None if cu_seqlens_q is None else cu_seqlens_q.cpu(),
+                cuda_stream(q.device),
+            )
+    else:
+        _C.golden_paged_attention_host(
+            q,
+            cu_seqlens_q,
+            *cache,
+            block_tables,
+            seq_lens,
+            softmax_scale,
+            causal,
+            o,
+            lse_out,
+        )
+    return o, lse
+
+
+@paged_decode.register_fake
+def _(q, cu_seqlens_q, k_data, v_data, k_scales, v_scales, k_global, v_global, fmt, block_tables,
+      seq_lens, softmax_scale, causal, return_lse):  # fmt: skip
+    return _paged_outputs(q, block_tables, cu_seqlens_q, return_lse)
+
+
+@torch.library.custom_op("fp4attn::paged_kv_dequantize", mutates_args=())
+def paged_kv_dequantize(
+    k_data: Tensor,
+    v_data: Tensor,
+    k_scales: Tensor | None,
+    v_scales: Tensor | None,
+    k_global: Tensor,
+    v_global: Tensor,
+    fmt: str,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    max_len: int,
+    head_dim: int,
+) -> tuple[Tensor, Tensor]:
+    """The cached K and V of every sequence, float32 [batch, max(max_len, 1), kv_heads,
+    head_dim] (0 past each sequence's length; max_len: the longest seq_lens entry). CPU only."""
+    shape = (block_tables.shape[0], max(max_len, 1), k_data.shape[2], head_dim)
+    k = torch.empty(shape, dtype=torch.float32)
+    v = torch.empty(shape, dtype=torch.float32)
+    cache = _cache_codes(k_data, v_data, k_scales, v_scales, k_global, v_global, fmt)
+    _C.paged_kv_dequantize_host(*cache, block_tables, seq_lens, k, v)
+    return k, v
+
+
+@paged_kv_dequantize.register_fake
+def _(k_data, v_data, k_scales, v_scales, k_global, v_global, fmt, block_tables, seq_lens,
+      max_len, head_dim):  # fmt: skip
+    shape = (block_tables.shape[0], max(max_len, 1), k_data.shape[2], head_dim)
+    return tuple(k_data.new_empty(shape, dtype=torch.float32) for _ in range(2))
+
+
 __all__ = [
     "attn_bwd",
     "attn_fwd",
@@ -734,6 +888,9 @@ __all__ = [
     "attn_quantized_bwd",
     "attn_quantized_fwd",
     "fake_quantize",
+    "paged_decode",
+    "paged_kv_append",
+    "paged_kv_dequantize",
     "quantize_k_smoothed",
     "quantize_operand",
 ]

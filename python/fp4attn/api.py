@@ -5,20 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks, _ops
+from . import _checks, _layout, _ops
 from .quantized import QuantizedQKV
-
-_QUANTIZE_CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-
-
-def _to_bshd(t: torch.Tensor, layout: str) -> torch.Tensor:
-    return t if layout == "bshd" else t.transpose(1, 2)  # a view; the kernels take any strides
-
-
-def _result(o: torch.Tensor, lse: torch.Tensor, layout: str, return_lse: bool):
-    # BHSD callers get a view of the BSHD output: .transpose(1, 2) of it is contiguous again.
-    o = o if layout == "bshd" else o.transpose(1, 2)
-    return (o, lse) if return_lse else o
 
 
 def attn_func(
@@ -65,19 +53,19 @@ def attn_func(
     _checks.check_recipe(recipe)
     _checks.check_choice(d_source, "d_source", _checks.D_SOURCES)
     _checks.check_bool(smooth_k, "smooth_k")
-    qb, kb, vb = _to_bshd(q, layout), _to_bshd(k, layout), _to_bshd(v, layout)
+    qb, kb, vb = _layout.to_bshd(q, layout), _layout.to_bshd(k, layout), _layout.to_bshd(v, layout)
     if q.device.type == "cuda" and (smooth_k or _trains_on_gpu(q, k, v, recipe)):
         o, lse = _operands_cuda(qb, kb, vb, recipe, scale, causal, d_source, smooth_k)
     else:
         o, lse = _ops.attn_fwd(qb, kb, vb, recipe, scale, causal, d_source, smooth_k)
-    return _result(o, lse, layout, return_lse)
+    return _layout.result(o, lse, layout, return_lse)
 
 
 def _trains_on_gpu(q, k, v, recipe) -> bool:
     """Autograd will call the GPU backward: then the forward keeps its operands for it."""
     return (
         torch.is_grad_enabled()
-        and recipe in _ops.GPU_BACKWARD_RECIPES
+        and recipe in _layout.GPU_BACKWARD_RECIPES
         and any(t.requires_grad for t in (q, k, v))
     )
 
@@ -135,28 +123,9 @@ def fake_quantize(
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
         raise TypeError(f"out_dtype: expected a floating-point torch.dtype, got {out_dtype!r}")
-    values = _ops.fake_quantize(
-        _to_bshd(x, layout), recipe, role, _tensor_scale(tensor_scale, "tensor_scale"), out_dtype
-    )
-    return _to_bshd(values, layout)
-
-
-def _tensor_scale(value: float | None, name: str) -> float:
-    if value is None:
-        return 0.0
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise TypeError(f"{name}: expected a float or None, got {type(value).__name__}")
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{name}: expected a finite value > 0 (None = computed), got {value}")
-    return float(value)
-
-
-def _check_quantize_dtype(t: torch.Tensor, name: str) -> None:
-    if t.device.type != "cuda" and t.dtype not in _QUANTIZE_CPU_DTYPES:
-        raise TypeError(
-            f"{name}: dtype {t.dtype} is not supported by quantize_qkv on CPU "
-            "(supported: float16, bfloat16, float32)"
-        )
+    scale = _checks.check_tensor_scale(tensor_scale, "tensor_scale")
+    values = _ops.fake_quantize(_layout.to_bshd(x, layout), recipe, role, scale, out_dtype)
+    return _layout.to_bshd(values, layout)
 
 
 def quantize_qkv(
@@ -181,9 +150,9 @@ def quantize_qkv(
     _checks.check_qkv(q, k, v, layout)
     _checks.check_recipe(recipe)
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        _check_quantize_dtype(t, name)
+        _checks.check_quantize_dtype(t, name)
     scales = [
-        _tensor_scale(s, n)
+        _checks.check_tensor_scale(s, n)
         for s, n in (
             (q_tensor_scale, "q_tensor_scale"),
             (k_tensor_scale, "k_tensor_scale"),
@@ -191,7 +160,7 @@ def quantize_qkv(
         )
     ]
     ops = [
-        _ops.quantize_operand(_to_bshd(t, layout), recipe, role, s)
+        _ops.quantize_operand(_layout.to_bshd(t, layout), recipe, role, s)
         for t, role, s in ((q, "q", scales[0]), (k, "k", scales[1]), (v, "v", scales[2]))
     ]
     (q_data, q_scale), (k_data, k_scale), (v_data, v_scale) = ops
@@ -213,31 +182,6 @@ def quantize_qkv(
     )
 
 
-def quantize_q(
-    q: torch.Tensor,
-    recipe: str = "nvfp4",
-    layout: str = "bshd",
-    tensor_scale: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Q operand alone (q_data, q_scale), e.g. a new query against quantized K/V."""
-    _checks.check_layout(layout)
-    _checks.check_recipe(recipe)
-    dims = (
-        "(batch, seqlen_q, heads, head_dim)"
-        if layout == "bshd"
-        else "(batch, heads, seqlen_q, head_dim)"
-    )
-    _checks.check_tensor(q, "q", 4, dims)
-    _checks.check_device(q, "q", q, "q")
-    _checks.check_input_dtype(q, "q")
-    _check_quantize_dtype(q, "q")
-    _checks.check_last_dim_contiguous(q, "q")
-    _checks.check_head_dim(q.shape[3], "q")
-    return _ops.quantize_operand(
-        _to_bshd(q, layout), recipe, "q", _tensor_scale(tensor_scale, "tensor_scale")
-    )
-
-
 def _check_operands(qkv: QuantizedQKV) -> None:
     if not isinstance(qkv, QuantizedQKV):
         raise TypeError(
@@ -248,7 +192,7 @@ def _check_operands(qkv: QuantizedQKV) -> None:
     for name, rank in zip(QuantizedQKV.TENSORS, (4, 3, 4, 3, 4, 3)):
         t = _checks.check_tensor(getattr(qkv, name), name, rank, "(see QuantizedQKV)")
         _checks.check_device(t, name, qkv.q_data, "q_data")
-    code = _ops.operand_dtype(qkv.recipe)
+    code = _layout.operand_dtype(qkv.recipe)
     for name in ("q_data", "k_data", "v_data"):
         if getattr(qkv, name).dtype != code:
             raise TypeError(
@@ -271,7 +215,7 @@ def _check_sources(qkv: QuantizedQKV) -> tuple[torch.Tensor, torch.Tensor, torch
         raise ValueError(f"sources: on {q.device}, but the operands are on {qkv.device}")
     if q.dtype != qkv.out_dtype:
         raise TypeError(f"sources: dtype {q.dtype} differs from out_dtype {qkv.out_dtype}")
-    q, k, v = (_to_bshd(t, qkv.layout) for t in (q, k, v))
+    q, k, v = (_layout.to_bshd(t, qkv.layout) for t in (q, k, v))
     b, h, s_q, d = qkv.q_data.shape
     _, h_kv, s_k, _ = qkv.k_data.shape
     if tuple(q.shape) != (b, s_q, h, d) or tuple(k.shape) != (b, s_k, h_kv, d):
@@ -320,4 +264,4 @@ def attn_quantized(
         )  # fmt: skip
     else:
         o, lse = _ops.attn_operands_fwd(*operands, qkv.recipe, scale, causal, qkv.out_dtype)
-    return _result(o, lse, qkv.layout, return_lse)
+    return _layout.result(o, lse, qkv.layout, return_lse)

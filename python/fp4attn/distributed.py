@@ -23,10 +23,10 @@ import os
 import torch
 import torch.distributed as dist
 
-from . import _checks, _ops
-from .api import _check_quantize_dtype, _result, _to_bshd, attn_func
+from . import _checks, _layout, _ops
+from .api import attn_func
 
-TILE = _ops.SCALE_TILE  # tokens per Q/K scale tile: shards start on a tile
+TILE = _layout.SCALE_TILE  # tokens per Q/K scale tile: shards start on a tile
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 # NVLink multicast (NVLS) must stay off on the lent machines (device docs). NCCL and NVSHMEM read
@@ -165,7 +165,7 @@ def _local_checks(q, k, v, softmax_scale, causal, recipe, layout, zigzag):
                 f"k: local seqlen {k.shape[seq]} differs from q's {q.shape[seq]} (context "
                 "parallelism here is self-attention: q, k, v are shards of one sequence)"
             )
-        qb, kb = _to_bshd(q, layout), _to_bshd(k, layout)
+        qb, kb = _layout.to_bshd(q, layout), _layout.to_bshd(k, layout)
         return [
             qb.shape[1],
             qb.shape[0],
@@ -173,7 +173,7 @@ def _local_checks(q, k, v, softmax_scale, causal, recipe, layout, zigzag):
             kb.shape[2],
             qb.shape[3],
             _DTYPES.index(q.dtype),
-            _checks.RECIPES.index(recipe),
+            _layout.RECIPES.index(recipe),
             int(causal),
             int(zigzag),
             _checks.LAYOUTS.index(layout),
@@ -298,7 +298,7 @@ def ulysses_attn_func(
     _, table = _agree(group, checks)
     ranges = _check_sharding(table[:, 0].tolist(), zigzag)
     stats = _new_stats(stats)
-    qb, kb, vb = (_to_bshd(t, layout) for t in (q, k, v))
+    qb, kb, vb = (_layout.to_bshd(t, layout) for t in (q, k, v))
     b, s_l, h, d = qb.shape
     h_kv, hq = kb.shape[2], h // world
     group_size = h // h_kv
@@ -336,7 +336,7 @@ def ulysses_attn_func(
     parts = _all_to_all(back, specs, group, dev, stats)
     o = torch.cat([p[0] for p in parts], 2)
     lse = torch.cat([p[1] for p in parts], 1)
-    return _result(o, lse, layout, return_lse)
+    return _layout.result(o, lse, layout, return_lse)
 
 
 # ---- ring: quantized K/V circulate, partials merge by LSE -------------------------------------
@@ -363,7 +363,7 @@ def _quantize_shard(x: torch.Tensor, amax: torch.Tensor, recipe: str, role: str)
     ext[:, padded] = amax.to(x.dtype)  # exact: it is one of x's values (or NaN)
     data, scale = _ops.quantize_operand(ext, recipe, role, 0.0)
     if role == "v":
-        pitch = _ops.operand_shapes((b, s, h, d), "v")[0][3]
+        pitch = _layout.operand_shapes((b, s, h, d), "v")[0][3]
         return data[..., :pitch].contiguous(), scale, scale
     return data[:, :, :s].contiguous(), scale[:, :, : -(-s // TILE)].contiguous(), scale
 
@@ -399,14 +399,6 @@ def merge_partials(o, lse, o_part, lse_part):
 
 # ---- the ring's messages: packed FP4 where it is exact, kernel operands elsewhere --------------
 
-# The NVFP4 scale rule of each recipe's Q/K (golden_operands.cc); nvfp4-all's V uses "nearest".
-_NVFP4_QK_RULE = {
-    "nvfp4": "four-over-six",
-    "nvfp4-fast": "four-over-six",
-    "nvfp4-all": "four-over-six",
-    "nvfp4-hx": "restricted",
-    "fp4-direct": "nearest",
-}
 ALIGN = 16  # every part of a message starts 16-byte aligned (the kernels' TMA and vector loads)
 
 
@@ -415,29 +407,30 @@ def wire_formats(recipe: str) -> dict:
     E2M1 nibbles and row-major block scales, folded into the kernel operand on arrival without
     requantizing) or "operand" (the kernel operand bytes). docs/distributed.md has the sizes."""
     _checks.check_recipe(recipe)
-    k = "nvfp4" if recipe in _NVFP4_QK_RULE else "mxfp4" if recipe == "mxfp4" else "operand"
-    return {"k": k, "v": "nvfp4" if recipe == "nvfp4-all" else "operand"}
+    k_rule, v_rule = _layout.fp4_rule(recipe, "k"), _layout.fp4_rule(recipe, "v")
+    v_nvfp4 = v_rule is not None and v_rule[0] == "nvfp4"  # what _pack_v makes
+    return {"k": k_rule[0] if k_rule else "operand", "v": "nvfp4" if v_nvfp4 else "operand"}
 
 
 def message_parts(recipe: str, b: int, h_kv: int, s: int, d: int) -> list[tuple]:
     """(name, shape, dtype) of each part of the message holding an s-token shard's K and V, in
     order; each part starts on an ALIGN-byte boundary."""
     fmt = wire_formats(recipe)
-    code, u8 = _ops.operand_dtype(recipe), torch.uint8
-    pitch = _ops.operand_shapes((b, s, h_kv, d), "v")[0][3]
+    code, u8 = _layout.operand_dtype(recipe), torch.uint8
+    pitch = _layout.operand_shapes((b, s, h_kv, d), "v")[0][3]
     if fmt["k"] == "operand":
         tiles = -(-s // TILE)
         parts = [("k_data", (b, h_kv, s, d), code), ("k_scale", (b, h_kv, tiles), torch.float32)]
     else:
         rows = s + (fmt["k"] == "mxfp4")  # MXFP4 keeps the amax token: it sets the fold offset
-        block = _ops.PACKED_BLOCK[fmt["k"]]
+        block = _layout.PACKED_BLOCK[fmt["k"]]
         parts = [
             ("k_packed", (b, h_kv, rows, d // 2), u8),
             ("k_scales", (b, h_kv, rows, d // block), u8),
         ]
     if fmt["v"] == "operand":
         return parts + [("v_data", (b, h_kv, d, pitch), code)]
-    block = _ops.PACKED_BLOCK[fmt["v"]]
+    block = _layout.PACKED_BLOCK[fmt["v"]]
     return parts + [
         ("v_packed", (b, h_kv, d, pitch // 2), u8),
         ("v_scales", (b, h_kv, d, pitch // block), u8),
@@ -486,7 +479,7 @@ def _pack_rows(x: torch.Tensor, fmt: str, rule: str) -> tuple[torch.Tensor, torc
     scale per slice (NVFP4: from the slice's amax): (packed U8 [b, h, rows, cols / 2], scales U8
     [b, h, rows, cols / block])."""
     b, rows, h, cols = x.shape
-    block = _ops.PACKED_BLOCK[fmt]
+    block = _layout.PACKED_BLOCK[fmt]
     packed = torch.empty((b, h, rows, cols // 2), dtype=torch.uint8, device=x.device)
     scales = torch.empty((b, h, rows, cols // block), dtype=torch.uint8, device=x.device)
     s_enc = torch.empty((b, h, 1), dtype=torch.float32, device=x.device)
@@ -509,7 +502,7 @@ def _pack_k(kb: torch.Tensor, amax: torch.Tensor, recipe: str, fmt: str):
     largest exponent (as in quantize_shard); MXFP4 keeps that token in the message."""
     s = kb.shape[1]
     ext = torch.cat([kb, amax.to(kb.dtype).unsqueeze(1)], 1)
-    packed, scales = _pack_rows(ext, fmt, _NVFP4_QK_RULE.get(recipe, "round-up"))
+    packed, scales = _pack_rows(ext, fmt, _layout.fp4_rule(recipe, "k")[1])  # the operand's rule
     rows = s + (fmt == "mxfp4")
     return packed[:, :, :rows].contiguous(), scales[:, :, :rows].contiguous()
 
@@ -519,20 +512,14 @@ def _pack_v(vb: torch.Tensor, amax: torch.Tensor):
     with zeros to the operand pitch, then one 16-token block holding the amax (the global tensor
     scale), which does not travel."""
     b, s, h, d = vb.shape
-    pitch = _ops.operand_shapes(vb.shape, "v")[0][3]
-    vt = vb.new_zeros((b, d, h, pitch + _ops.V_TOKEN_PAD))  # [b, channel, h, token]
+    pitch = _layout.operand_shapes(vb.shape, "v")[0][3]
+    vt = vb.new_zeros((b, d, h, pitch + _layout.V_TOKEN_PAD))  # [b, channel, h, token]
     vt[..., :s] = vb.permute(0, 3, 2, 1)
     vt[..., pitch] = amax.to(vb.dtype).transpose(1, 2)
-    packed, scales = _pack_rows(vt, "nvfp4", "nearest")  # [b, h, d, ...]
-    block = _ops.PACKED_BLOCK["nvfp4"]
+    _, rule = _layout.fp4_rule("nvfp4-all", "v")
+    packed, scales = _pack_rows(vt, "nvfp4", rule)  # [b, h, d, ...]
+    block = _layout.PACKED_BLOCK["nvfp4"]
     return packed[..., : pitch // 2].contiguous(), scales[..., : pitch // block].contiguous()
-
-
-def _v_key_at(pitch: int, device) -> torch.Tensor:
-    """The key at each position of a V^T row (operands.h operand_v_key_at)."""
-    p = torch.arange(pitch, device=device)
-    q = p & 15
-    return (p & ~15) + 2 * (q >> 2) + (q & 1) + 8 * ((q >> 1) & 1)
 
 
 def _unpack_message(buf, recipe, b, h_kv, s, d, k_factor):
@@ -540,7 +527,7 @@ def _unpack_message(buf, recipe, b, h_kv, s, d, k_factor):
     global (the same on every rank) and are the receiver's own."""
     fmt = wire_formats(recipe)
     t = _from_message(buf, message_parts(recipe, b, h_kv, s, d))
-    e4m3 = _ops.E4M3
+    e4m3 = _layout.E4M3
     if fmt["k"] == "operand":
         kd, ks = t["k_data"], t["k_scale"]
     else:
@@ -575,7 +562,7 @@ def _unpack_message(buf, recipe, b, h_kv, s, d, k_factor):
         "k",
     )
     # ...then take the operand's key order inside 16-key groups; padding keys are 0.
-    key_at = _v_key_at(pitch, buf.device)
+    key_at = _layout.v_key_at(pitch, buf.device)
     codes = natural.view(torch.uint8).view(b, h_kv, d, pitch).index_select(3, key_at)
     if pitch > s:
         codes[..., key_at >= s] = 0
@@ -620,14 +607,14 @@ def ring_attn_func(
         _checks.check_bool(return_lse, "return_lse")
         _checks.check_bool(overlap, "overlap")
         for t, name in ((q, "q"), (k, "k"), (v, "v")):
-            _check_quantize_dtype(t, name)
+            _checks.check_quantize_dtype(t, name)
         return sig
 
     _, table = _agree(group, checks)
     lens = table[:, 0].tolist()
     ranges = _check_sharding(lens, zigzag)
     stats = _new_stats(stats)
-    qb, kb, vb = (_to_bshd(t, layout) for t in (q, k, v))
+    qb, kb, vb = (_layout.to_bshd(t, layout) for t in (q, k, v))
     b, s_l, h, d = qb.shape
     h_kv, scale = kb.shape[2], _checks.check_softmax_scale(softmax_scale)
 
@@ -653,7 +640,7 @@ def ring_attn_func(
         """Queries from local token `rows` on, against the first `keys` keys of kv (all: None)."""
         kd_, ks_, vd_ = kv
         if keys is not None:
-            pitch = _ops.operand_shapes((b, keys, h_kv, d), "v")[0][3]
+            pitch = _layout.operand_shapes((b, keys, h_kv, d), "v")[0][3]
             kd_, ks_, vd_ = kd_[:, :, :keys], ks_[:, :, : -(-keys // TILE)], vd_[..., :pitch]
         if rows >= s_l or kd_.shape[2] == 0:
             return
@@ -719,7 +706,7 @@ def ring_attn_func(
             kv = _unpack_message(recv, recipe, b, h_kv, lens[src], d, k_factor)
 
     lse = torch.where(lse == -torch.inf, torch.inf, lse)  # no key at all: attn_func's +inf
-    return _result(o.to(q.dtype), lse, layout, return_lse)
+    return _layout.result(o.to(q.dtype), lse, layout, return_lse)
 
 
 __all__ = [

@@ -6,9 +6,9 @@ paged prefill: docs/kernels/decode.md has the layout, docs/python.md the usage.
     o = decode(q, cache, block_tables, seq_lens)         # attention over the cached tokens
 
 CPU tensors run the host reference (append) and the golden paged attention (float64 on the
-decoded cache). CUDA tensors: append_kv runs the GPU append when this build has CUDA; decode
-raises UnsupportedError until the GPU decode kernel is built. Plain functions, not torch.library
-custom ops (no torch.compile tracing, no autograd).
+decoded cache); CUDA tensors the GPU append and decode kernels. The public functions check their
+arguments here, partly on the host, then call the torch.library custom ops of _ops (no
+autograd).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _checks
-from ._native import _C, UnsupportedError, as_codes, cuda_stream, require_cuda_build, run_cuda
+from . import _checks, _layout, _ops
+from ._native import UnsupportedError, require_cuda_build
 
 FORMATS = ("nvfp4", "fp8")
-SCALE_RULES = ("nearest", "round-up", "four-over-six", "restricted")
+SCALE_RULES = _layout.NVFP4_SCALE_RULES  # the rules the append takes (quantize.h)
+_BLOCK = _layout.PACKED_BLOCK["nvfp4"]  # values per NVFP4 scale
 _APPEND_CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _CODE_DTYPES = (torch.uint8, torch.float8_e4m3fn)
 _CACHE_DIMS = "(num_pages, page_size, kv_heads, {})"
@@ -96,7 +97,7 @@ class PagedKVCache:
         shape = (num_pages, page_size, kv_heads)
         if format == "nvfp4":
             data = (*shape, head_dim // 2)
-            scales = (*shape, head_dim // 16)
+            scales = (*shape, head_dim // _BLOCK)
             k_data = torch.zeros(data, dtype=torch.uint8, device=device)
             v_data = torch.zeros(data, dtype=torch.uint8, device=device)
             k_scales = torch.zeros(scales, dtype=torch.float8_e4m3fn, device=device)
@@ -129,15 +130,13 @@ class PagedKVCache:
     def device(self) -> torch.device:
         return self.k_data.device
 
-    def _native_args(self) -> tuple:
-        def codes(t):
-            return None if t is None else as_codes(t)
-
+    def _tensors(self) -> tuple:
+        """The arguments the _ops paged ops take for the cache: its tensors and format."""
         return (
-            codes(self.k_data),
-            codes(self.v_data),
-            codes(self.k_scales),
-            codes(self.v_scales),
+            self.k_data,
+            self.v_data,
+            self.k_scales,
+            self.v_scales,
             self.k_global,
             self.v_global,
             self.format,
@@ -150,16 +149,15 @@ class PagedKVCache:
         head_dim]: the codec values (what decode multiplies), 0 past each sequence's length.
         CPU only."""
         check_cache(self)
-        batch = _check_tables(block_tables, seq_lens, self)
+        _check_tables(block_tables, seq_lens, self)
         if self.device.type != "cpu":
             raise UnsupportedError(
                 "cache: dequantize runs on CPU tensors only; move the cache and tables with .cpu()"
             )
         max_len = max([int(x) for x in seq_lens.tolist()], default=0)
-        shape = (batch, max(max_len, 1), self.kv_heads, self.head_dim)
-        k = torch.empty(shape, dtype=torch.float32)
-        v = torch.empty(shape, dtype=torch.float32)
-        _C.paged_kv_dequantize_host(*self._native_args(), block_tables, seq_lens, k, v)
+        k, v = _ops.paged_kv_dequantize(
+            *self._tensors(), block_tables, seq_lens, max_len, self.head_dim
+        )
         return k[:, :max_len], v[:, :max_len]
 
 
@@ -193,10 +191,10 @@ def check_cache(cache: object) -> PagedKVCache:
             continue
         if t is None:
             raise ValueError(f"cache.{name}: required for an nvfp4 cache")
-        _checks.check_tensor(t, f"cache.{name}", 4, _CACHE_DIMS.format("head_dim // 16"))
+        _checks.check_tensor(t, f"cache.{name}", 4, _CACHE_DIMS.format(f"head_dim // {_BLOCK}"))
         if t.dtype not in _CODE_DTYPES:
             raise TypeError(f"cache.{name}: expected dtype float8_e4m3fn or uint8, got {t.dtype}")
-        want = (*kd.shape[:3], cache.head_dim // 16)
+        want = (*kd.shape[:3], cache.head_dim // _BLOCK)
         if tuple(t.shape) != want:
             raise ValueError(f"cache.{name}: expected shape {want}, got {tuple(t.shape)}")
         _checks.check_last_dim_contiguous(t, f"cache.{name}")
@@ -284,21 +282,7 @@ def append_kv(
         slot_mapping = slot_mapping.to(torch.int32)
     if k.device.type not in ("cpu", "cuda"):
         raise ValueError(f"k: device {k.device} is not supported (cpu or cuda)")
-    if cuda:
-        require_cuda_build("append_kv", attention=False)
-        run_cuda(
-            _C.paged_kv_append_cuda,
-            k,
-            v,
-            slot_mapping,
-            *cache._native_args(),
-            cache.rule,
-            None,
-            True,
-            cuda_stream(k.device),
-        )
-        return
-    _C.paged_kv_append_host(k, v, slot_mapping, *cache._native_args(), cache.rule)
+    _ops.paged_kv_append(k, v, slot_mapping, *cache._tensors(), cache.rule)
 
 
 def decode(
@@ -363,57 +347,22 @@ def decode(
     if q.device.type not in ("cpu", "cuda"):
         raise ValueError(f"q: device {q.device} is not supported (cpu or cuda)")
     if q.device.type == "cuda":
-        return _decode_cuda(q, cache, block_tables, seq_lens, scale, causal, cu_seqlens_q,
-                            return_lse, batch, heads)
-    if q.dtype not in _checks.CPU_DTYPES:
+        require_cuda_build("decode")
+        if q.dtype != torch.bfloat16:
+            raise TypeError(
+                f"q: dtype {q.dtype} is not supported on CUDA (the decode kernel takes bfloat16)"
+            )
+    elif q.dtype not in _checks.CPU_DTYPES:
         names = ", ".join(str(t).removeprefix("torch.") for t in _checks.CPU_DTYPES)
         raise TypeError(f"q: dtype {q.dtype} is not supported on CPU (supported: {names})")
-    o = torch.empty(q.shape, dtype=q.dtype)
-    lse = None
-    if return_lse:
-        shape = (heads, q.shape[0]) if varlen else (batch, heads, q.shape[1])
-        lse = torch.empty(shape, dtype=torch.float32)
-    _C.golden_paged_attention_host(
+    o, lse = _ops.paged_decode(
         q,
         cu_seqlens_q,
-        *cache._native_args(),
+        *cache._tensors(),
         block_tables,
         seq_lens,
         scale,
         causal,
-        o,
-        lse,
+        return_lse,
     )
-    return (o, lse) if return_lse else o
-
-
-def _decode_cuda(q, cache, block_tables, seq_lens, scale, causal, cu_seqlens_q, return_lse, batch,
-                 heads):
-    require_cuda_build("decode", attention=False)
-    if q.dtype != torch.bfloat16:
-        raise TypeError(f"q: dtype {q.dtype} is not supported on CUDA (the decode kernel takes "
-                        "bfloat16)")
-    varlen = cu_seqlens_q is not None
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = None
-    if return_lse:
-        shape = (heads, q.shape[0]) if varlen else (batch, heads, q.shape[1])
-        lse = torch.empty(shape, dtype=torch.float32, device=q.device)
-    with torch.cuda.device(q.device):
-        run_cuda(
-            _C.paged_attention_cuda,
-            q,
-            cu_seqlens_q,
-            *cache._native_args(),
-            block_tables,
-            seq_lens,
-            scale,
-            causal,
-            o,
-            lse,
-            block_tables.cpu(),
-            seq_lens.cpu(),
-            None if cu_seqlens_q is None else cu_seqlens_q.cpu(),
-            cuda_stream(q.device),
-        )
     return (o, lse) if return_lse else o

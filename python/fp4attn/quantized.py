@@ -1,11 +1,14 @@
 """QuantizedQKV: the kernel operands of one attention call, so K/V can be quantized once and
-reused (e.g. a prefix cache, or every decoding step against a fixed context)."""
+reused (e.g. a prefix cache, or every decoding step against a fixed context); quantize_q, the Q
+operand alone."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import torch
+
+from . import _checks, _layout, _ops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +74,6 @@ class QuantizedQKV:
 
         With sources, q replaces the q source (gradients then flow to the new q and the old
         k, v); without, the result has none either."""
-        from .api import quantize_q  # api imports this module
-
         q_data, q_scale = quantize_q(
             q, recipe=self.recipe, layout=self.layout, tensor_scale=tensor_scale
         )
@@ -87,3 +88,27 @@ class QuantizedQKV:
             sources=sources,
             tensor_scales=(q_scale_static, k_scale, v_scale),
         )
+
+
+def quantize_q(
+    q: torch.Tensor,
+    recipe: str = "nvfp4",
+    layout: str = "bshd",
+    tensor_scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Q operand alone (q_data, q_scale), e.g. a new query against quantized K/V."""
+    _checks.check_layout(layout)
+    _checks.check_recipe(recipe)
+    dims = (
+        "(batch, seqlen_q, heads, head_dim)"
+        if layout == "bshd"
+        else "(batch, heads, seqlen_q, head_dim)"
+    )
+    _checks.check_tensor(q, "q", 4, dims)
+    _checks.check_device(q, "q", q, "q")
+    _checks.check_input_dtype(q, "q")
+    _checks.check_quantize_dtype(q, "q")
+    _checks.check_last_dim_contiguous(q, "q")
+    _checks.check_head_dim(q.shape[3], "q")
+    scale = _checks.check_tensor_scale(tensor_scale, "tensor_scale")
+    return _ops.quantize_operand(_layout.to_bshd(q, layout), recipe, "q", scale)

@@ -4,8 +4,8 @@
 #include <thread>
 #include <vector>
 
-#include "fp4attn/formats.h"
-#include "fp4attn/quantize.h"
+#include "fp4attn/numerics/formats.h"
+#include "fp4attn/numerics/quantize.h"
 
 namespace fp4attn {
 namespace {

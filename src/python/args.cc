@@ -34,8 +34,7 @@ KvCacheFormat kv_format_arg(const std::string& name) {
 
 Nvfp4ScaleRule scale_rule_arg(const std::string& name) {
   std::string known;
-  for (Nvfp4ScaleRule r : {Nvfp4ScaleRule::kNearest, Nvfp4ScaleRule::kRoundUp,
-                           Nvfp4ScaleRule::kFourOverSix, Nvfp4ScaleRule::kRestricted}) {
+  for (Nvfp4ScaleRule r : kNvfp4ScaleRules) {
     if (name == scale_rule_name(r)) return r;
     known += std::string(known.empty() ? "" : ", ") + scale_rule_name(r);
   }

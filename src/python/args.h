@@ -7,9 +7,9 @@
 #include <string>
 
 #include "fp4attn/attention_bwd.h"
+#include "fp4attn/golden/paged_kv.h"
+#include "fp4attn/numerics/quantize.h"
 #include "fp4attn/operands.h"
-#include "fp4attn/paged_kv.h"
-#include "fp4attn/quantize.h"
 #include "fp4attn/recipe.h"
 #include "python/dlpack_view.h"
 
@@ -29,6 +29,10 @@ DSource d_source_arg(const std::string& name);
 // Nvfp4ScaleRule (quantize.h's scale_rule_name). ValueError naming `format` / `rule` otherwise.
 KvCacheFormat kv_format_arg(const std::string& name);
 Nvfp4ScaleRule scale_rule_arg(const std::string& name);
+// The rules scale_rule_arg takes, in the order its message lists them (_C.NVFP4_SCALE_RULES).
+inline constexpr Nvfp4ScaleRule kNvfp4ScaleRules[] = {
+    Nvfp4ScaleRule::kNearest, Nvfp4ScaleRule::kRoundUp, Nvfp4ScaleRule::kFourOverSix,
+    Nvfp4ScaleRule::kRestricted};
 
 // Packed FP4 storage: "nvfp4" -> true, "mxfp4" -> false (ValueError naming `format` otherwise);
 // "ocp-floor" / "round-up" -> MxScaleRule (ValueError naming `rule`).

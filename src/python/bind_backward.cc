@@ -5,7 +5,7 @@
 #include <cmath>
 #include <string>
 
-#include "fp4attn/golden_backward.h"
+#include "fp4attn/golden/golden_backward.h"
 #include "python/args.h"
 #include "python/bindings.h"
 #include "python/status_error.h"

@@ -1,5 +1,5 @@
-// CUDA entry points (built when nvcc is): the GPU operand quantizer and, once the library has it,
-// the forward engine. Every call takes the caller's stream as an integer (torch's
+// CUDA entry points (built when nvcc is): the GPU quantizers, the forward engine, the GPU
+// backward and the paged KV cache. Every call takes the caller's stream as an integer (torch's
 // current_stream().cuda_stream) and launches on it; nothing here synchronizes.
 #include <cuda_runtime_api.h>
 #include <nanobind/stl/optional.h>
@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <string>
 
+#include "fp4attn/attention_bwd_cuda.h"
+#include "fp4attn/attention_cuda.h"
 #include "fp4attn/operands_cuda.h"
 #include "fp4attn/paged_attention_cuda.h"
 #include "fp4attn/paged_kv_cuda.h"
@@ -16,10 +18,6 @@
 #include "python/bindings.h"
 #include "python/packed_host.h"
 #include "python/status_error.h"
-#ifdef FP4ATTN_PY_CUDA_ATTENTION
-#include "fp4attn/attention_bwd_cuda.h"
-#include "fp4attn/attention_cuda.h"
-#endif
 
 namespace fp4attn::py {
 namespace {
@@ -144,7 +142,6 @@ void paged_attention_cuda_py(const Array& q, const OptArray& cu_seqlens_q, const
                                       optional_view(lse, "lse"), copt, stream_arg(stream)));
 }
 
-#ifdef FP4ATTN_PY_CUDA_ATTENTION
 ForwardOptions forward_options(const std::string& recipe, double softmax_scale, bool causal) {
   ForwardOptions opt;
   opt.recipe = recipe_arg(recipe);
@@ -249,7 +246,6 @@ void attention_backward_operands_cuda_py(
       to_view(dk, "dk"), to_view(dv, "dv"), bopt, stream_arg(stream),
       optional_view(row_max, "row_max")));
 }
-#endif
 
 }  // namespace
 
@@ -276,8 +272,6 @@ void bind_cuda(nb::module_& m) {
         arg("softmax_scale"), arg("causal"), arg("o"), arg("lse").none(), arg("block_tables_host"),
         arg("seq_lens_host"), arg("cu_seqlens_q_host").none(), arg("stream"),
         "GPU decode over the paged cache (paged_attention_cuda), on `stream`.");
-#ifdef FP4ATTN_PY_CUDA_ATTENTION
-  m.def("has_cuda_attention", [] { return true; });
   m.def("attention_cuda", &attention_cuda, arg("q"), arg("k"), arg("v"), arg("o"),
         arg("lse").none(), arg("recipe"), arg("softmax_scale"), arg("causal"), arg("stream"),
         arg("row_max").none() = nb::none(),
@@ -295,7 +289,7 @@ void bind_cuda(nb::module_& m) {
         arg("softmax_scale"), arg("causal"), arg("deterministic"), arg("d_source"), arg("stream"),
         arg("row_max").none() = nb::none(),
         "GPU backward of attention_cuda, launched on `stream`. d_source: 'forward-o' or "
-        "'high-precision-o' (docs/numerics.md §8; the v2 kernel). row_max: the forward's, "
+        "'high-precision-o' (docs/numerics.md §8). row_max: the forward's, "
         "required for nvfp4-fast and fp4-direct.");
   m.def("attention_backward_operands_cuda", &attention_backward_operands_cuda_py, arg("q_data"),
         arg("q_scale"), arg("k_data"), arg("k_scale"), arg("v_data"), arg("v_scale"), arg("o"),
@@ -309,9 +303,6 @@ void bind_cuda(nb::module_& m) {
   m.def(
       "check_forward_device", [] { throw_if_error(check_forward_device()); },
       "Raises ValueError saying why the current device cannot run the engine.");
-#else
-  m.def("has_cuda_attention", [] { return false; });
-#endif
 }
 
 }  // namespace fp4attn::py

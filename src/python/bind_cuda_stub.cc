@@ -5,7 +5,6 @@ namespace fp4attn::py {
 
 void bind_cuda(nanobind::module_& m) {
   m.def("has_cuda", [] { return false; });
-  m.def("has_cuda_attention", [] { return false; });
 }
 
 }  // namespace fp4attn::py

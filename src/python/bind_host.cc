@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "fp4attn/golden.h"
+#include "fp4attn/golden/golden.h"
 #include "fp4attn/operands.h"
 #include "python/args.h"
 #include "python/bindings.h"
@@ -162,8 +162,6 @@ void bind_host(nb::module_& m) {
         "Packed FP4 -> Q/K kernel operand on the CPU, the bit-exact fold of "
         "repack_to_operand_cuda (other combinations raise NotImplementedError).");
   m.def("recipes", &recipes, "(name, summary) of every recipe.");
-  m.def("operand_v_pitch", &operand_v_pitch, arg("seqlen"));
-  m.def("operand_scale_tiles", &operand_scale_tiles, arg("seqlen"));
 }
 
 }  // namespace fp4attn::py

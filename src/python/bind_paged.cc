@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "fp4attn/paged_kv.h"
+#include "fp4attn/golden/paged_kv.h"
 #include "python/args.h"
 #include "python/bindings.h"
 #include "python/status_error.h"

@@ -10,8 +10,10 @@ void bind_host(nanobind::module_& m);
 void bind_backward(nanobind::module_& m);
 // The paged KV cache on the host: append, dequantize, golden paged attention (bind_paged.cc).
 void bind_paged(nanobind::module_& m);
-// CUDA entry points; without CUDA (or without the attention engine) the same names exist and
-// raise, so Python code needs no import-time branches (bind_cuda.cc / bind_cuda_stub.cc).
+// Layout facts: operand tiles, V key order, head dims, recipe sets, packed blocks (bind_layout.cc).
+void bind_layout(nanobind::module_& m);
+// CUDA entry points (bind_cuda.cc), or, in a build without CUDA, has_cuda() alone, returning
+// False (bind_cuda_stub.cc): Python checks it before calling any CUDA entry point.
 void bind_cuda(nanobind::module_& m);
 
 }  // namespace fp4attn::py

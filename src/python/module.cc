@@ -7,5 +7,6 @@ NB_MODULE(_C, m) {
   fp4attn::py::bind_host(m);
   fp4attn::py::bind_backward(m);
   fp4attn::py::bind_paged(m);
+  fp4attn::py::bind_layout(m);
   fp4attn::py::bind_cuda(m);
 }

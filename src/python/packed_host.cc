@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "fp4attn/formats.h"
+#include "fp4attn/numerics/formats.h"
 
 namespace fp4attn::py {
 namespace {
@@ -54,9 +54,13 @@ float amax_of(const std::vector<float>& x) {
   return amax;
 }
 
-bool nvfp4_qk_recipe(Recipe r) {
-  return r == Recipe::kNvfp4 || r == Recipe::kNvfp4Hx || r == Recipe::kNvfp4Fast ||
-         r == Recipe::kNvfp4All || r == Recipe::kFp4Direct;
+// Whether the recipe's Q/K operand comes from that FP4 format (operands.h), so packed FP4 of it
+// folds without requantizing.
+bool qk_from_packed(bool nvfp4, Recipe r) {
+  Nvfp4ScaleRule nv;
+  MxScaleRule mx;
+  return nvfp4 ? operand_nvfp4_rule(r, OperandRole::kK, &nv)
+               : operand_mxfp4_rule(r, OperandRole::kK, &mx);
 }
 
 }  // namespace
@@ -99,7 +103,7 @@ Status quantize_packed_mxfp4_host(const TensorView& x, MxScaleRule rule, const T
 
 Status check_exact_repack(bool nvfp4, Recipe recipe, OperandRole role) {
   const bool qk = role == OperandRole::kQ || role == OperandRole::kK;
-  const bool ok = qk && (nvfp4 ? nvfp4_qk_recipe(recipe) : recipe == Recipe::kMxfp4);
+  const bool ok = qk && qk_from_packed(nvfp4, recipe);
   if (ok) return Status::Ok();
   return Status::Unsupported(
       std::string("recipe/role: packed ") + (nvfp4 ? "NVFP4" : "MXFP4") + " folds into the " +

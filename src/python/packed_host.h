@@ -6,8 +6,8 @@
 // It lives with the Python extension because only the extension needs it today.
 #pragma once
 
+#include "fp4attn/numerics/quantize.h"
 #include "fp4attn/operands.h"
-#include "fp4attn/quantize.h"
 #include "fp4attn/recipe.h"
 #include "fp4attn/status.h"
 #include "fp4attn/tensor.h"

@@ -5,9 +5,9 @@
 #include <limits>
 #include <vector>
 
-#include "api/validate_attention.h"
-#include "common/parallel.h"
-#include "fp4attn/reference.h"
+#include "core/parallel.h"
+#include "fp4attn/golden/reference.h"
+#include "validate/validate_attention.h"
 
 namespace fp4attn {
 namespace {

@@ -6,11 +6,11 @@
 #include <numbers>
 #include <string>
 
-#include "api/validate_attention.h"
-#include "common/parallel.h"
-#include "fp4attn/golden.h"
+#include "core/parallel.h"
+#include "fp4attn/golden/golden.h"
 #include "reference/golden_operands.h"
 #include "reference/golden_softmax.h"
+#include "validate/validate_attention.h"
 
 namespace fp4attn {
 namespace {
@@ -57,13 +57,7 @@ void run_head(const HeadTask& t, int64_t b, int64_t h, RecipeStats* stats) {
     double lse = std::numeric_limits<double>::infinity();  // a row without keys
     std::fill(acc.begin(), acc.end(), 0.0);
     if (n > 0) {
-      const double* qi = &qo.val[i * d];
-      for (int64_t j = 0; j < n; ++j) {
-        const double* kj = &ko.val[j * d];
-        double s = 0;
-        for (int64_t c = 0; c < d; ++c) s += qi[c] * kj[c];
-        z[j] = s * qo.factor[i] * ko.factor[j] * zscale;
-      }
+      golden::row_scores(qo, ko, i, n, zscale, &z);
       const golden::RowP p = golden::make_row_p(z, n, opt);
       for (int64_t j = 0; j < n; ++j) {
         const double pj = p.p[j];
@@ -74,9 +68,7 @@ void run_head(const HeadTask& t, int64_t b, int64_t h, RecipeStats* stats) {
       for (int64_t c = 0; c < d; ++c) acc[c] *= vo.factor[c] * p.p_unit / p.l;
       lse = p.lse_log2 * std::numbers::ln2;
       if (opt.smooth_k) {  // softmax ignores q . mean, the LSE does not
-        double qm = 0;
-        for (int64_t c = 0; c < d; ++c) qm += double(q.x[i * d + c]) * kmean[c];
-        lse += t.scale * qm;
+        lse += t.scale * golden::q_dot_mean(q, i, kmean);
       }
       if (stats) {
         stats[0].p_elements += n;

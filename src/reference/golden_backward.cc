@@ -1,7 +1,7 @@
 // The golden model's backward: per (batch, query head), rebuild the forward's operands, scores and
 // P, then dP, D, dS and the three gradients, in float64 or with the GPU's FP8 GEMM operands.
 // dk/dv are kept per query head and summed over each GQA group afterwards in a fixed order.
-#include "fp4attn/golden_backward.h"
+#include "fp4attn/golden/golden_backward.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "api/validate_attention.h"
-#include "common/parallel.h"
+#include "core/parallel.h"
 #include "reference/golden_backward_fp8.h"
 #include "reference/golden_backward_p.h"
 #include "reference/golden_operands.h"
+#include "validate/validate_attention.h"
 
 namespace fp4attn {
 namespace {
@@ -255,18 +255,10 @@ void run_head(const Task& t, int64_t b, int64_t h, double* dk, double* dv) {
   for (int64_t i = 0; i < sh.s_q; ++i) {
     const int64_t n = visible_keys(sh, opt.causal, i);
     if (n == 0) continue;  // no keys: P, dS and this row's gradients are all zero
-    const double* qi = &qo.val[i * d];
-    for (int64_t j = 0; j < n; ++j) {  // the forward's expression, in its order
-      const double* kj = &ko.val[j * d];
-      double s = 0;
-      for (int64_t c = 0; c < d; ++c) s += qi[c] * kj[c];
-      z[j] = s * qo.factor[i] * ko.factor[j] * zscale;
-    }
+    golden::row_scores(qo, ko, i, n, zscale, &z);  // the forward's expression, in its order
     double row_lse = load_as_double(lse, b * lse.stride[0] + h * lse.stride[1] + i * lse.stride[2]);
     if (opt.smooth_k) {  // the forward added scale * q . mean to the LSE, not to the scores
-      double qm = 0;
-      for (int64_t c = 0; c < d; ++c) qm += double(q.x[i * d + c]) * kmean[c];
-      row_lse -= t.scale * qm;
+      row_lse -= t.scale * golden::q_dot_mean(q, i, kmean);
     }
     golden::backward_row_p(z, n, row_lse * std::numbers::log2e, opt, &prow);
     double d_fwd = 0, d_hp = 0;

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "fp4attn/formats.h"
+#include "fp4attn/numerics/formats.h"
 
 namespace fp4attn::golden {
 

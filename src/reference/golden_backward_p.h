@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "fp4attn/golden.h"
+#include "fp4attn/golden/golden.h"
 
 namespace fp4attn::golden {
 

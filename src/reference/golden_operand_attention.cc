@@ -7,13 +7,13 @@
 #include <string>
 #include <vector>
 
-#include "api/validate_attention.h"
-#include "common/half.h"
-#include "common/parallel.h"
-#include "fp4attn/formats.h"
-#include "fp4attn/golden.h"
+#include "core/half.h"
+#include "core/parallel.h"
+#include "fp4attn/golden/golden.h"
+#include "fp4attn/numerics/formats.h"
 #include "reference/golden_operand_scores.h"
 #include "reference/golden_softmax.h"
+#include "validate/validate_attention.h"
 
 namespace fp4attn {
 namespace {
@@ -28,16 +28,13 @@ Status validate(const ForwardOperands& in, const RecipeOptions& opt, const Tenso
   if (opt.smooth_k) {
     return Status::Invalid("smooth_k: not available on operands (the LSE correction needs q)");
   }
-  const DType code = opt.recipe == Recipe::kBf16 ? DType::kBF16 : DType::kE4M3;
+  const DType code = operand_data_dtype(opt.recipe);
   FP4ATTN_RETURN_IF_ERROR(check_rank(in.q_data, "q_data", 4, "(batch, heads, seqlen_q, head_dim)"));
   FP4ATTN_RETURN_IF_ERROR(
       check_rank(in.k_data, "k_data", 4, "(batch, kv_heads, seqlen_k, head_dim)"));
   const Dims x{in.q_data.shape[0], in.q_data.shape[1], in.k_data.shape[1],
                in.q_data.shape[2], in.k_data.shape[2], in.q_data.shape[3]};
-  if (x.d != 64 && x.d != 128) {
-    return Status::Invalid("q_data: head_dim " + std::to_string(x.d) +
-                           " is not supported (supported: 64, 128)");
-  }
+  FP4ATTN_RETURN_IF_ERROR(check_operand_head_dim(x.d, "q_data"));
   if (x.h_kv == 0 ? x.h > 0 : x.h % x.h_kv != 0) {
     return Status::Invalid("q_data/k_data: number of heads " + std::to_string(x.h) +
                            " is not a multiple of kv heads " + std::to_string(x.h_kv));

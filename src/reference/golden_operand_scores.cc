@@ -1,7 +1,7 @@
 #include "reference/golden_operand_scores.h"
 
-#include "common/half.h"
-#include "fp4attn/formats.h"
+#include "core/half.h"
+#include "fp4attn/numerics/formats.h"
 #include "fp4attn/operands.h"
 
 namespace fp4attn::golden {

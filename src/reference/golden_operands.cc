@@ -4,10 +4,10 @@
 #include <cmath>
 #include <limits>
 
-#include "common/half.h"
-#include "fp4attn/direct_p.h"
-#include "fp4attn/formats.h"
-#include "fp4attn/quantize.h"
+#include "core/half.h"
+#include "fp4attn/numerics/direct_p.h"
+#include "fp4attn/numerics/formats.h"
+#include "fp4attn/numerics/quantize.h"
 
 namespace fp4attn::golden {
 namespace {
@@ -244,6 +244,25 @@ Operand prepare_v(const HeadMatrix& m, Recipe recipe, Emulation emu, float tenso
       return op;
     }
   }
+}
+
+void row_scores(const Operand& qo, const Operand& ko, int64_t i, int64_t n, double zscale,
+                std::vector<double>* z) {
+  const int64_t d = qo.cols;
+  const double* qi = &qo.val[i * d];
+  for (int64_t j = 0; j < n; ++j) {
+    const double* kj = &ko.val[j * d];
+    double s = 0;
+    for (int64_t c = 0; c < d; ++c) s += qi[c] * kj[c];
+    (*z)[j] = s * qo.factor[i] * ko.factor[j] * zscale;
+  }
+}
+
+double q_dot_mean(const HeadMatrix& q, int64_t i, const std::vector<double>& kmean) {
+  const int64_t d = q.cols;
+  double qm = 0;
+  for (int64_t c = 0; c < d; ++c) qm += double(q.x[i * d + c]) * kmean[c];
+  return qm;
 }
 
 }  // namespace fp4attn::golden

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "fp4attn/golden.h"
+#include "fp4attn/golden/golden.h"
 
 namespace fp4attn::golden {
 
@@ -41,6 +41,16 @@ Operand prepare_qk(const HeadMatrix& m, Recipe recipe, Emulation emu, float tens
 // V of one head [tokens, head_dim], quantized along tokens (the PV contraction): per-channel
 // FP8 scales, or FP4 blocks along tokens; factor is per channel.
 Operand prepare_v(const HeadMatrix& m, Recipe recipe, Emulation emu, float tensor_scale);
+
+// The log2-domain scores of query row i against keys 0..n-1: z_j = (q_i . k_j) * q factor * k
+// factor * zscale (zscale = softmax scale * log2 e), summed over channels in order; the forward
+// and the backward form them alike, so that the backward rebuilds the forward's P bit for bit.
+void row_scores(const Operand& qo, const Operand& ko, int64_t i, int64_t n, double zscale,
+                std::vector<double>* z);
+
+// q_i . kmean (the FP32 query against the smoothed keys' mean): K smoothing shifts the LSE by
+// scale times this, and leaves the softmax unchanged.
+double q_dot_mean(const HeadMatrix& q, int64_t i, const std::vector<double>& kmean);
 
 // E4M3 value of x (round to nearest even, satfinite): what folding a scale into FP8 does.
 double round_to_e4m3(double x);

@@ -4,9 +4,9 @@
 #include <cmath>
 #include <limits>
 
-#include "fp4attn/direct_p.h"
-#include "fp4attn/formats.h"
-#include "fp4attn/quantize.h"
+#include "fp4attn/numerics/direct_p.h"
+#include "fp4attn/numerics/formats.h"
+#include "fp4attn/numerics/quantize.h"
 #include "reference/golden_operands.h"
 
 namespace fp4attn::golden {

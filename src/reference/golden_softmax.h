@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "fp4attn/golden.h"
+#include "fp4attn/golden/golden.h"
 
 namespace fp4attn::golden {
 

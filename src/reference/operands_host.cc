@@ -4,12 +4,12 @@
 #include <cstring>
 #include <string>
 
-#include "api/validate_operands.h"
-#include "common/half.h"
-#include "common/parallel.h"
-#include "fp4attn/formats.h"
+#include "core/half.h"
+#include "core/parallel.h"
+#include "fp4attn/numerics/formats.h"
 #include "fp4attn/operands.h"
 #include "reference/golden_operands.h"
+#include "validate/validate_operands.h"
 
 namespace fp4attn {
 namespace {

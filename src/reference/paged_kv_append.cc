@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "api/validate_paged.h"
-#include "fp4attn/paged_kv.h"
+#include "fp4attn/golden/paged_kv.h"
 #include "reference/paged_kv_internal.h"
+#include "validate/validate_paged.h"
 
 namespace fp4attn {
 namespace {
@@ -79,16 +79,6 @@ void write_side(const PagedKvCache& c, bool is_v, const TensorView& x, const Ten
 }
 
 }  // namespace
-
-const char* kv_cache_format_name(KvCacheFormat f) {
-  switch (f) {
-    case KvCacheFormat::kNvfp4:
-      return "nvfp4";
-    case KvCacheFormat::kFp8:
-      return "fp8";
-  }
-  return "unknown";
-}
 
 Status paged_kv_append(const TensorView& k, const TensorView& v, const TensorView& slot_mapping,
                        const PagedKvCache& cache) {

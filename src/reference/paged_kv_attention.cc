@@ -7,11 +7,11 @@
 #include <limits>
 #include <vector>
 
-#include "api/validate_attention.h"
-#include "api/validate_paged.h"
-#include "common/parallel.h"
-#include "fp4attn/paged_kv.h"
+#include "core/parallel.h"
+#include "fp4attn/golden/paged_kv.h"
 #include "reference/paged_kv_internal.h"
+#include "validate/validate_attention.h"
+#include "validate/validate_paged.h"
 
 namespace fp4attn {
 namespace {

@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "fp4attn/paged_kv.h"
+#include "fp4attn/golden/paged_kv.h"
 
 namespace fp4attn::paged_internal {
 

@@ -67,3 +67,56 @@ expect_run(0 "dS scales per tile" grad --recipe fp8 --seqlen 32 --heads 1 --head
 expect_run(0 "dS scales per head" grad --recipe fp8 --seqlen 32 --heads 1 --head-dim 64
            --ds-scales per-head)
 expect_run(2 "--ds-scales: expected per-head or per-tile, got 'per-row'" grad --ds-scales per-row)
+# -h is --help.
+expect_run(0 "--seqlen-q" run -h)
+
+# --json goes through the one JSON writer (tools/common/json_writer.h): the files parse, and the
+# recorded command is the command line, quoted where a shell needs it.
+set(json_dir "${CMAKE_CURRENT_BINARY_DIR}/cli json")
+file(MAKE_DIRECTORY "${json_dir}")
+function(read_json var path)
+  file(READ "${path}" text)
+  string(JSON suite GET "${text}" suite)  # fails the script when the file is not JSON
+  set(${var} "${text}" PARENT_SCOPE)
+endfunction()
+function(expect_equal what got expected)
+  if(NOT "${got}" STREQUAL "${expected}")
+    message(FATAL_ERROR "${what}: got '${got}', expected '${expected}'")
+  endif()
+endfunction()
+
+expect_run(0 "fp8" run --heads 1 --seqlen-q 32 --head-dim 64 --recipe fp8 --input all
+           --json "${json_dir}/run.json")
+read_json(run "${json_dir}/run.json")
+string(JSON n LENGTH "${run}" records)
+expect_equal("run --json: records" "${n}" 4)
+string(JSON input GET "${run}" records 3 input)
+expect_equal("run --json: last input" "${input}" near-uniform)
+string(JSON cmd GET "${run}" command)
+expect_equal("run --json: command" "${cmd}" "fp4attn run --heads 1 --seqlen-q 32 --head-dim 64 \
+--recipe fp8 --input all --json '${json_dir}/run.json'")
+string(JSON p_zero GET "${run}" records 0 p_zero_pct)
+string(JSON cos GET "${run}" records 0 cos)
+if(cos LESS 0.99 OR p_zero STREQUAL "")
+  message(FATAL_ERROR "run --json: implausible record ${run}")
+endif()
+
+expect_run(0 "refused" grad --recipe bf16 --seqlen 32 --heads 1 --head-dim 64
+           --json "${json_dir}/grad.json")
+read_json(grad "${json_dir}/grad.json")
+string(JSON refused GET "${grad}" records 0 refused)
+string(JSON d GET "${grad}" shape d)
+expect_equal("grad --json: shape d" "${d}" 64)
+expect_run(0 "fp8" grad --recipe fp8 --seqlen 32 --heads 1 --head-dim 64 --causal
+           --json "${json_dir}/grad.json")
+read_json(grad "${json_dir}/grad.json")
+string(JSON dq_cos GET "${grad}" records 0 dq cos)
+string(JSON causal GET "${grad}" records 0 causal)
+expect_equal("grad --json: causal" "${causal}" ON)
+
+expect_run(0 "nvfp4" emulation --recipe nvfp4 --seqlen 32 --heads 1 --head-dim 64
+           --json "${json_dir}/emulation.json")
+read_json(emu "${json_dir}/emulation.json")
+string(JSON rel GET "${emu}" records 0 folded_vs_exact rel_l2)
+string(JSON suite GET "${emu}" suite)
+expect_equal("emulation --json: suite" "${suite}" emulation)

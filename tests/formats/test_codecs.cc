@@ -8,8 +8,8 @@
 #include <limits>
 #include <vector>
 
-#include "codec_reference.h"
-#include "fp4attn/formats.h"
+#include "fp4attn/numerics/formats.h"
+#include "support/codec_reference.h"
 
 namespace fp4attn {
 namespace {

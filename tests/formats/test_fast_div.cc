@@ -4,8 +4,8 @@
 
 #include <cstdint>
 
-#include "fp4attn/fast_div.h"
-#include "fp4attn/formats.h"
+#include "fp4attn/numerics/fast_div.h"
+#include "fp4attn/numerics/formats.h"
 
 namespace fp4attn {
 namespace {

@@ -12,8 +12,8 @@
 #include <random>
 
 #include "cuda/quantize/packed_common.cuh"
-#include "fp4attn/formats.h"
-#include "fp4attn/quantize.h"
+#include "fp4attn/numerics/formats.h"
+#include "fp4attn/numerics/quantize.h"
 
 namespace fp4attn {
 namespace {

@@ -21,11 +21,11 @@
 #include <random>
 #include <vector>
 
-#include "common/half.h"
+#include "core/half.h"
 #include "cuda/quantize/operand_qk_fast.cuh"
 #include "cuda/quantize/packed_common.cuh"
-#include "fp4attn/formats.h"
-#include "fp4attn/quantize.h"
+#include "fp4attn/numerics/formats.h"
+#include "fp4attn/numerics/quantize.h"
 
 namespace fp4attn {
 namespace {

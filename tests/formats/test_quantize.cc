@@ -10,9 +10,9 @@
 #include <random>
 #include <vector>
 
-#include "codec_reference.h"
-#include "fp4attn/formats.h"
-#include "fp4attn/quantize.h"
+#include "fp4attn/numerics/formats.h"
+#include "fp4attn/numerics/quantize.h"
+#include "support/codec_reference.h"
 
 namespace fp4attn {
 namespace {

@@ -11,8 +11,8 @@
 #include <cstring>
 #include <vector>
 
-#include "fp4attn/formats.h"
-#include "fp4attn/quantize.h"
+#include "fp4attn/numerics/formats.h"
+#include "fp4attn/numerics/quantize.h"
 
 namespace fp4attn {
 namespace {

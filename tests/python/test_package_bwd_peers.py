@@ -22,7 +22,6 @@ HEADER = (
     "clocks",
     "config",
     "sm_clock_mhz",
-    "bwd_kernel",
     "flops_convention",
     "peer",
     "skipped",
@@ -54,7 +53,7 @@ RECORD = (
 
 
 def test_flop_convention():
-    # bench/results/bwd-kernel-v1.json's s = 4k point: 2.5 x forward = 6.871947674e11.
+    # bench/results/bwd-kernel.json's s = 4k point: 2.5 x forward = 6.871947674e11.
     fwd = bwd_peers.fwd_flops(4, 16, 4096, 4096, 128, causal=True)
     assert fwd == 4 * 4 * 16 * 4096 * 4096 * 128 // 2
     assert bwd_peers.kind_flops("bwd", fwd) == 687194767360
@@ -65,29 +64,24 @@ def test_flop_convention():
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bwd") / "bwd.json"
-    mp = pytest.MonkeyPatch()
-    mp.setenv("FP4ATTN_BWD_KERNEL", "v1")
-    try:
-        doc = bwd_peers.main(
-            [
-                str(out),
-                "--device",
-                "cpu",
-                "--tokens",
-                "128",
-                "--seqlens",
-                "64",
-                "--quick",
-                "--acc-seqlen",
-                "64",
-                "--recipes",
-                "nvfp4,fp8",
-                "--revision",
-                "testrev",
-            ]
-        )
-    finally:
-        mp.undo()
+    doc = bwd_peers.main(
+        [
+            str(out),
+            "--device",
+            "cpu",
+            "--tokens",
+            "128",
+            "--seqlens",
+            "64",
+            "--quick",
+            "--acc-seqlen",
+            "64",
+            "--recipes",
+            "nvfp4,fp8",
+            "--revision",
+            "testrev",
+        ]
+    )
     return doc, json.loads(out.read_text())
 
 
@@ -96,11 +90,13 @@ def test_header(smoke):
     for key in HEADER:
         assert key in saved, key
     assert saved["suite"] == "bwd" and saved["revision"] == "testrev" and saved["complete"]
-    assert saved["device"] == "cpu" and saved["bwd_kernel"] == "v1"
+    assert saved["device"] == "cpu" and "bwd_kernel" not in saved
     assert saved["peer"] == "sdpa-math-bf16"
     assert saved["skipped"] == []  # fwd+bwd-noquant is measured (attn_quantized's autograd)
     assert saved["config"]["smooth_k"] is False
-    assert "bwd_peers.py" in saved["command"]
+    # The command of main(argv): the script, then argv (not pytest's command line).
+    assert saved["command"].split()[1] == "bench/bwd_peers.py"
+    assert "--device cpu --tokens 128 --seqlens 64" in saved["command"]
 
 
 def test_records_schema_flops_and_speedup(smoke):

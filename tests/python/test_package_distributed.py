@@ -109,7 +109,7 @@ def _bits(t):
 
 def _operand_check(rank, world):
     """quantize_shard's bytes equal the whole sequence's operand, sliced, for every recipe."""
-    from fp4attn import _ops
+    from fp4attn import _layout
 
     q, k, v = qkv(s_q=OPERAND_S, h=4, h_kv=2, d=64, seed=3)
     k[0, 7, 1, 5] = 40.0  # an outlier on one rank only: the statistics must be global
@@ -129,7 +129,7 @@ def _operand_check(rank, world):
                     ok = torch.equal(_bits(data)[..., : len(idx)], want)
                     ok = ok and torch.equal(scale, fscale)
                 else:
-                    tiles = torch.unique(idx // _ops.SCALE_TILE)
+                    tiles = torch.unique(idx // _layout.SCALE_TILE)
                     ok = torch.equal(_bits(data), fdata.index_select(2, idx))
                     ok = ok and torch.equal(scale, fscale.index_select(2, tiles))
                 if not ok:

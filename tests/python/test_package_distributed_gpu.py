@@ -1,4 +1,4 @@
-"""fp4attn.distributed on GPUs over NCCL (skipped without CUDA, the GPU engine, or, for the group
+"""fp4attn.distributed on GPUs over NCCL (skipped without a GPU and a CUDA build, or, for the group
 tests, fewer than 2 GPUs): world size = torch.cuda.device_count() processes, one GPU each, against
 the single-GPU kernel of the same recipe.
 
@@ -28,8 +28,8 @@ from fp4attn import distributed as fd
 from package_util import qkv, rel_l2
 
 pytestmark = pytest.mark.skipif(
-    not (torch.cuda.is_available() and fp4attn._C.has_cuda_attention()),
-    reason="needs a CUDA GPU and an fp4attn build with the GPU engine",
+    not (torch.cuda.is_available() and fp4attn._C.has_cuda()),
+    reason="needs a CUDA GPU and an fp4attn build with CUDA",
 )
 
 DEADLINE_S = 120  # the whole spawn (gpu-check-cp gives pytest 150 s)

@@ -123,8 +123,8 @@ def test_native_checks_name_the_operand(good):
 
 
 def test_cuda_tensors_without_a_cuda_build():
-    if fp4attn._C.has_cuda_attention() or not torch.cuda.is_available():
-        pytest.skip("needs a GPU and a build without the GPU engine")
+    if fp4attn._C.has_cuda() or not torch.cuda.is_available():
+        pytest.skip("needs a GPU and a build without CUDA")
     q, k, v = qkv(s_q=16, d=64, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(fp4attn.UnsupportedError, match="^q: this fp4attn build"):
         call(q, k, v)

@@ -14,18 +14,18 @@ import pytest
 import torch
 
 import fp4attn
-from fp4attn import _ops
+from fp4attn import _layout, _ops
 from package_util import qkv, rel_l2, sdpa_bshd
 
 pytestmark = [
     pytest.mark.skipif(
-        not (torch.cuda.is_available() and fp4attn._C.has_cuda_attention()),
-        reason="needs a CUDA GPU and an fp4attn build with the GPU engine",
+        not (torch.cuda.is_available() and fp4attn._C.has_cuda()),
+        reason="needs a CUDA GPU and an fp4attn build with CUDA",
     ),
     pytest.mark.usefixtures("hopper"),  # conftest.py: skips unless the device runs the engine
 ]
 
-GPU_BACKWARD_RECIPES = _ops.GPU_BACKWARD_RECIPES
+GPU_BACKWARD_RECIPES = _layout.GPU_BACKWARD_RECIPES
 # test_package_gpu.py's bounds: the engine against the golden model (forward), and the GPU
 # backward's FP8 GEMM operands against the golden float64 gradients.
 MAX_REL_L2_VS_GOLDEN = 0.015
@@ -213,14 +213,9 @@ def test_backward_writes_every_gradient_element():
             assert bool(torch.isfinite(t).all()), f"{name}: {what}"
 
 
-def test_refusals(monkeypatch):
+def test_refusals():
     q, k, v, dout = shaped_qkv(SHAPES["gqa-d64"], seed=6)
     leaves = leaves_of(q, k, v)
-    o = fp4attn.attn_quantized(fp4attn.quantize_qkv(*leaves, recipe="nvfp4-fast"))
-    with monkeypatch.context() as mp:
-        mp.setenv("FP4ATTN_BWD_KERNEL", "v1")  # the codes are v2's only
-        with pytest.raises(fp4attn.UnsupportedError, match="^recipe: 'nvfp4-fast' runs on the v2"):
-            o.backward(dout)
     ops = fp4attn.quantize_qkv(q, k, v, recipe="fp8")  # no sources
     o = fp4attn.attn_quantized(ops.replace_q(leaves[0]))
     with pytest.raises(NotImplementedError, match=r"fp4attn.quantize_qkv\(q, k, v, ...\)"):

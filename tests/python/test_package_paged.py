@@ -337,7 +337,7 @@ def _to_cuda(cache):
     )
 
 
-@pytest.mark.skipif(not fp4attn.cuda_available(), reason="needs a CUDA GPU and the GPU engine")
+@pytest.mark.skipif(not fp4attn.cuda_available(), reason="needs a CUDA GPU and a CUDA build")
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
 @pytest.mark.parametrize("s_q", [1, 3])
 def test_cuda_decode_matches_the_golden_model(fmt, s_q):
@@ -374,3 +374,32 @@ def test_docs_example_runs():
         [sys.executable, "-c", m.group(1)], capture_output=True, text=True, check=True
     ).stdout
     assert "torch.Size([2, 1, 8, 128]) torch.Size([2, 8, 1])" in out
+
+
+def test_paged_ops_are_custom_ops():
+    """append_kv and decode run through the torch.library ops of fp4attn._ops (mutation of the
+    cache declared, fake kernels), so torch.compile traces decode (uint8 codes: opcheck compares
+    no float8 on CPU)."""
+    import dataclasses
+
+    from fp4attn import _ops
+
+    cache = PagedKVCache.empty(4, 16, 2, 64, format="nvfp4")
+    cache = dataclasses.replace(
+        cache, k_scales=cache.k_scales.view(torch.uint8), v_scales=cache.v_scales.view(torch.uint8)
+    )
+    k, v = _tokens(20, 2, 64, seed=1), _tokens(20, 2, 64, seed=2)
+    slots = torch.arange(20, dtype=torch.int32)
+    torch.library.opcheck(_ops.paged_kv_append, (k, v, slots, *cache._tensors(), cache.rule))
+    append_kv(cache, k, v, slots)
+    tables, seq_lens = torch.tensor([[2, 0]], dtype=torch.int32), torch.tensor([20], dtype=torch.int32)
+    q = _tokens(3, 4, 64, seed=3).unsqueeze(0)  # [1, s_q = 3, heads 4, 64]
+    args = (q, None, *cache._tensors(), tables, seq_lens, 0.0, True)
+    for return_lse in (False, True):
+        torch.library.opcheck(_ops.paged_decode, (*args, return_lse))
+    compiled = torch.compile(
+        lambda q: decode(q, cache, tables, seq_lens, return_lse=True), backend="eager",
+        fullgraph=True,
+    )  # fmt: skip
+    for got, want in zip(compiled(q), decode(q, cache, tables, seq_lens, return_lse=True)):
+        assert torch.equal(got, want)

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "common/half.h"
-#include "common/parallel.h"
-#include "fp4attn/reference.h"
+#include "core/half.h"
+#include "core/parallel.h"
+#include "fp4attn/golden/reference.h"
 
 namespace fp4attn {
 namespace {

@@ -11,8 +11,8 @@
 #include <cstdlib>
 #include <limits>
 
-#include "fp4attn/direct_p.h"
-#include "fp4attn/formats.h"
+#include "fp4attn/numerics/direct_p.h"
+#include "fp4attn/numerics/formats.h"
 
 namespace fp4attn {
 namespace {

@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
-#include "fp4attn/direct_p.h"
-#include "fp4attn/formats.h"
+#include "fp4attn/numerics/direct_p.h"
+#include "fp4attn/numerics/formats.h"
 
 namespace fp4attn {
 namespace {

@@ -12,8 +12,8 @@
 #include <cstdlib>
 #include <utility>
 
-#include "fp4attn/direct_p.h"
-#include "fp4attn/formats.h"
+#include "fp4attn/numerics/direct_p.h"
+#include "fp4attn/numerics/formats.h"
 
 namespace fp4attn {
 namespace {

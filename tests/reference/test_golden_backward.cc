@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "reference/golden_softmax.h"
-#include "test_golden_backward_util.h"
+#include "support/golden_backward_util.h"
 
 namespace fp4attn::bwd_test {
 namespace {

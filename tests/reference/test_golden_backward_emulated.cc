@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <string>
 
-#include "fp4attn/metrics.h"
-#include "test_golden_backward_util.h"
+#include "harness/metrics.h"
+#include "support/golden_backward_util.h"
 
 namespace fp4attn::bwd_test {
 namespace {

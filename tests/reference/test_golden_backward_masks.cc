@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "test_golden_backward_util.h"
+#include "support/golden_backward_util.h"
 
 namespace fp4attn::bwd_test {
 namespace {

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "fp4attn/golden.h"
-#include "fp4attn/metrics.h"
-#include "fp4attn/reference.h"
-#include "fp4attn/suite.h"
+#include "fp4attn/golden/golden.h"
+#include "fp4attn/golden/reference.h"
+#include "harness/metrics.h"
+#include "harness/suite.h"
 #include "reference/golden_softmax.h"
 
 namespace fp4attn {

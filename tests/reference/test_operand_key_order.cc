@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "common/half.h"
-#include "fp4attn/formats.h"
+#include "core/half.h"
+#include "fp4attn/numerics/formats.h"
 #include "fp4attn/operands.h"
 #include "fp4attn/recipe.h"
 #include "fp4attn/tensor.h"

@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
-#include "common/half.h"
-#include "fp4attn/formats.h"
+#include "core/half.h"
+#include "fp4attn/numerics/formats.h"
+#include "fp4attn/numerics/quantize.h"
 #include "fp4attn/operands.h"
-#include "fp4attn/quantize.h"
-#include "fp4attn/suite.h"
+#include "harness/suite.h"
 
 namespace fp4attn {
 namespace {

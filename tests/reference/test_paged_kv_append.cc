@@ -9,10 +9,10 @@
 #include <limits>
 #include <vector>
 
-#include "common/half.h"
-#include "fp4attn/paged_kv.h"
-#include "fp4attn/quantize.h"
-#include "test_paged_kv_util.h"
+#include "core/half.h"
+#include "fp4attn/golden/paged_kv.h"
+#include "fp4attn/numerics/quantize.h"
+#include "support/paged_kv_util.h"
 
 namespace fp4attn {
 namespace {

@@ -8,9 +8,9 @@
 #include <limits>
 #include <vector>
 
-#include "fp4attn/paged_kv.h"
-#include "fp4attn/reference.h"
-#include "test_paged_kv_util.h"
+#include "fp4attn/golden/paged_kv.h"
+#include "fp4attn/golden/reference.h"
+#include "support/paged_kv_util.h"
 
 namespace fp4attn {
 namespace {

@@ -12,12 +12,12 @@
 #include <string>
 #include <vector>
 
-#include "common/half.h"
-#include "fp4attn/metrics.h"
+#include "core/half.h"
+#include "fp4attn/golden/paged_kv.h"
+#include "fp4attn/golden/paged_prefill.h"
 #include "fp4attn/operands.h"
-#include "fp4attn/paged_kv.h"
-#include "fp4attn/paged_prefill.h"
-#include "test_paged_kv_util.h"
+#include "harness/metrics.h"
+#include "support/paged_kv_util.h"
 
 namespace fp4attn {
 namespace {

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "common/half.h"
+#include "core/half.h"
 #include "fp4attn/attention_cuda.h"
 #include "fp4attn/paged_attention_cuda.h"
 #include "gpu/decode_gpu.h"

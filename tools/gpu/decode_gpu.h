@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "fp4attn/paged_kv.h"
+#include "fp4attn/golden/paged_kv.h"
 #include "fp4attn/status.h"
 #include "fp4attn/tensor.h"
 

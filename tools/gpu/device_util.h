@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "common/half.h"
+#include "core/half.h"
 #include "fp4attn/status.h"
 #include "fp4attn/tensor.h"
 

@@ -5,11 +5,11 @@
 #include <string>
 #include <vector>
 
-#include "api/validate_forward.h"
-#include "common/half.h"
+#include "core/half.h"
 #include "fp4attn/attention_cuda.h"
 #include "gpu/device_util.h"
 #include "gpu/run_gpu.h"
+#include "validate/validate_forward.h"
 
 namespace fp4attn::cli {
 

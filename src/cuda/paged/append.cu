@@ -7,10 +7,11 @@
 #include <cstdint>
 #include <string>
 
-#include "api/validate_paged.h"
 #include "cuda/paged/append_kernels.cuh"
-#include "cuda/quantize/validate_cuda.h"
+#include "cuda/sm90/cuda_status.h"
 #include "fp4attn/paged_kv_cuda.h"
+#include "validate/validate_cuda.h"
+#include "validate/validate_paged.h"
 
 namespace fp4attn {
 namespace {
@@ -19,9 +20,7 @@ using paged::AppendParams;
 using paged::kAppendThreads;
 
 Status cuda_status(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return Status::Ok();
-  return Status::Invalid(std::string("paged_kv_append_cuda: ") + what +
-                         ": CUDA error: " + cudaGetErrorString(e));
+  return sm90::cuda_status(e, "paged_kv_append_cuda", what);
 }
 
 // What the 16-byte loads need of k or v (shape and dtype are validate_paged_append's).

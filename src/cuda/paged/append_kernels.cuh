@@ -14,7 +14,7 @@
 
 #include "cuda/quantize/packed_blocks.cuh"
 #include "cuda/quantize/packed_common.cuh"
-#include "fp4attn/paged_kv.h"
+#include "fp4attn/numerics/paged_kv_codec.h"
 
 namespace fp4attn::paged {
 
@@ -155,6 +155,25 @@ __device__ __forceinline__ uint32_t nvfp4_encode(const uint4& a, const uint4& b,
   }
 }
 
+// The encode passes' loop: f(q, page, offset, v) for each of this thread's units (grid-stride)
+// whose slot is written, v the unit's K block (v[0], v[1]) and V block (v[2], v[3]), all four
+// loads issued before f runs.
+template <typename F>
+__device__ __forceinline__ void for_each_written_unit(const AppendParams& p, F&& f) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kAppendThreads;
+  for (int64_t u = static_cast<int64_t>(blockIdx.x) * kAppendThreads + threadIdx.x; u < p.units;
+       u += stride) {
+    const UnitPos q = unit_pos(p, u);
+    const int32_t slot = p.slots[q.token];
+    if (!slot_written(p, slot)) continue;
+    const int32_t page = slot / p.page_size, offset = slot - page * p.page_size;
+    uint4 v[4];
+    load_block(p.side[0], q, v[0], v[1]);
+    load_block(p.side[1], q, v[2], v[3]);
+    f(q, page, offset, v);
+  }
+}
+
 // NVFP4 encode pass. The globals are read after the calibration kernels (same stream). When
 // s_enc / scale can overflow (nvfp4_table_finite false: a huge s_enc), the side takes the
 // reference block quantizer instead of the table path, as the packed quantizer does.
@@ -166,16 +185,7 @@ __global__ void __launch_bounds__(kAppendThreads) nvfp4_append_kernel(const Appe
   packed::nvfp4_fill_scale_table(g[1], table[1]);
   __syncthreads();
   const bool fast[2] = {packed::nvfp4_table_finite(g[0]), packed::nvfp4_table_finite(g[1])};
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kAppendThreads;
-  for (int64_t u = static_cast<int64_t>(blockIdx.x) * kAppendThreads + threadIdx.x; u < p.units;
-       u += stride) {
-    const UnitPos q = unit_pos(p, u);
-    const int32_t slot = p.slots[q.token];
-    if (!slot_written(p, slot)) continue;
-    const int32_t page = slot / p.page_size, offset = slot - page * p.page_size;
-    uint4 v[4];
-    load_block(p.side[0], q, v[0], v[1]);
-    load_block(p.side[1], q, v[2], v[3]);
+  for_each_written_unit(p, [&](const UnitPos& q, int32_t page, int32_t offset, const uint4(&v)[4]) {
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       const AppendSide& side = p.side[s];
@@ -187,7 +197,7 @@ __global__ void __launch_bounds__(kAppendThreads) nvfp4_append_kernel(const Appe
       side.scales[cache_offset(side.scales_s, page, offset, q.head) + q.block] =
           static_cast<uint8_t>(code);
     }
-  }
+  });
 }
 
 // FP8 encode pass: code = paged_kv_encode_fp8(x, 1 / scale) per element, 16 bytes per block.
@@ -195,16 +205,7 @@ template <typename T>
 __global__ void __launch_bounds__(kAppendThreads) fp8_append_kernel(const AppendParams p) {
   const float inv[2] = {paged_kv_fp8_inverse(*p.side[0].global),
                         paged_kv_fp8_inverse(*p.side[1].global)};
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kAppendThreads;
-  for (int64_t u = static_cast<int64_t>(blockIdx.x) * kAppendThreads + threadIdx.x; u < p.units;
-       u += stride) {
-    const UnitPos q = unit_pos(p, u);
-    const int32_t slot = p.slots[q.token];
-    if (!slot_written(p, slot)) continue;
-    const int32_t page = slot / p.page_size, offset = slot - page * p.page_size;
-    uint4 v[4];
-    load_block(p.side[0], q, v[0], v[1]);
-    load_block(p.side[1], q, v[2], v[3]);
+  for_each_written_unit(p, [&](const UnitPos& q, int32_t page, int32_t offset, const uint4(&v)[4]) {
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       float x[16];
@@ -219,7 +220,7 @@ __global__ void __launch_bounds__(kAppendThreads) fp8_append_kernel(const Append
       store_block(side.data + cache_offset(side.data_s, page, offset, q.head) + q.block * 16, w,
                   p.vec_store);
     }
-  }
+  });
 }
 
 }  // namespace fp4attn::paged

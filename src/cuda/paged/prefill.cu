@@ -9,15 +9,17 @@
 #include <string>
 #include <vector>
 
-#include "api/validate_attention.h"
-#include "api/validate_forward.h"
-#include "api/validate_operands.h"
-#include "api/validate_paged.h"
-#include "cuda/paged/host_checks.h"
+#include "cuda/paged/cache_side.h"
 #include "cuda/paged/prefill_repack.h"
+#include "cuda/sm90/cuda_status.h"
 #include "fp4attn/attention_cuda.h"
 #include "fp4attn/operands_cuda.h"
 #include "fp4attn/paged_prefill_cuda.h"
+#include "validate/paged_launch_checks.h"
+#include "validate/validate_attention.h"
+#include "validate/validate_forward.h"
+#include "validate/validate_operands.h"
+#include "validate/validate_paged.h"
 
 namespace fp4attn {
 namespace {
@@ -25,9 +27,7 @@ namespace {
 constexpr int64_t kWorkspaceAlign = 256;
 
 Status cuda_status(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return Status::Ok();
-  return Status::Invalid(std::string("paged_prefill_cuda: ") + what +
-                         ": CUDA error: " + cudaGetErrorString(e));
+  return sm90::cuda_status(e, "paged_prefill_cuda", what);
 }
 
 Status check_host_copy(const TensorView& host, const TensorView& dev, const char* name) {
@@ -37,19 +37,6 @@ Status check_host_copy(const TensorView& host, const TensorView& dev, const char
                            "lengths on the host)");
   }
   return paged::check_host_copy_like(host, dev, name);
-}
-
-paged::RepackSide side_of(const TensorView& data, const TensorView& scales,
-                          const TensorView& global) {
-  paged::RepackSide s{};
-  s.data = static_cast<const uint8_t*>(data.data);
-  s.scales = static_cast<const uint8_t*>(scales.data);
-  for (int i = 0; i < 3; ++i) {
-    s.data_s[i] = data.stride[i];
-    s.scales_s[i] = scales.defined() ? scales.stride[i] : 0;
-  }
-  s.global = global.as<const float>();
-  return s;
 }
 
 // Checks of the repack's arguments (cache views, block tables and their host copy against the
@@ -110,8 +97,8 @@ Status plan_repack(const PagedKvCache& cache, const TensorView& block_tables,
                                  std::to_string(paged::kRepackMaxSeqs) + " sequences");
     }
     paged::RepackParams p{};
-    p.k = side_of(cache.k_data, cache.k_scales, cache.k_global);
-    p.v = side_of(cache.v_data, cache.v_scales, cache.v_global);
+    p.k = paged::cache_side<paged::RepackSide>(cache.k_data, cache.k_scales, cache.k_global);
+    p.v = paged::cache_side<paged::RepackSide>(cache.v_data, cache.v_scales, cache.v_global);
     p.block_tables = block_tables.as<const int32_t>();
     p.bt_s0 = block_tables.stride[0];
     p.bt_s1 = block_tables.stride[1];

@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "fp4attn/config.h"
-#include "fp4attn/formats.h"
+#include "fp4attn/numerics/config.h"
+#include "fp4attn/numerics/formats.h"
 
 namespace fp4attn::paged {
 

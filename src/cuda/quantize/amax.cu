@@ -1,5 +1,5 @@
-// NaN-propagating tensor amax (tensor_amax_cuda) and the launch helpers shared by the
-// packed-storage sources.
+// NaN-propagating tensor amax: tensor_amax_cuda, and packed::launch_amax_bits for the NVFP4
+// quantizer's computed s_enc.
 //
 // One pass over x in 16-byte vectors (8 BF16/FP16 values), four vectors in flight per thread, a
 // packed 16x2 max of the |.| bits (VIMNMX.U16x2), then the FP32 bits of the thread's maximum,
@@ -10,34 +10,15 @@
 
 #include <string>
 
-#include "cuda/quantize/packed_common.cuh"
+#include "cuda/quantize/half16_vectors.cuh"
+#include "cuda/quantize/launch_helpers.h"
 #include "cuda/quantize/packed_internal.h"
-#include "cuda/quantize/validate_cuda.h"
+#include "cuda/quantize/row_map.h"
 #include "fp4attn/quantize_cuda.h"
+#include "validate/validate_cuda.h"
 
 namespace fp4attn {
 namespace packed {
-
-int grid_for(int64_t items, int threads, int waves) {
-  static int sms = [] {
-    int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-      return 132;
-    }
-    return n;
-  }();
-  const int64_t needed = (items + threads - 1) / threads;
-  const int64_t cap = static_cast<int64_t>(sms) * waves;
-  return static_cast<int>(needed < cap ? (needed < 1 ? 1 : needed) : cap);
-}
-
-Status launch_status(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) return Status::Ok();
-  return Status::Invalid(std::string(what) + ": CUDA error: " + cudaGetErrorString(err));
-}
-
 namespace {
 
 constexpr int kAmaxThreads = 256;
@@ -45,8 +26,8 @@ constexpr int kAmaxUnroll = 4;  // 16-byte vectors in flight per thread
 
 struct AmaxParams {
   const uint8_t* x;
-  int64_t vectors;       // numel / 8
-  FastDiv div_vpr;       // vectors per row (d / 8)
+  int64_t vectors;  // numel / 8
+  FastDiv div_vpr;  // vectors per row (d / 8)
   RowMap rows;
   bool contiguous;
   uint32_t* out_bits;
@@ -60,7 +41,7 @@ __device__ __forceinline__ int64_t vector_offset(const AmaxParams& p, int64_t v)
   return (p.rows.offset(row) + col * 8) * 2;
 }
 
-// Registers (sm_90a, ptxas -v): see the comment in packed_quantize.cu for how this was checked.
+// Registers (sm_90a, ptxas -v): see the table in packed_quantize_kernels.cuh.
 template <typename T>
 __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const AmaxParams p) {
   uint32_t acc = 0;  // two 16-bit lanes of |.| bits
@@ -85,7 +66,8 @@ __global__ void __launch_bounds__(kAmaxThreads) amax_kernel(const AmaxParams p) 
     acc = abs_max2(acc, w.z);
     acc = abs_max2(acc, w.w);
   }
-  const uint32_t bits = __reduce_max_sync(0xFFFFFFFFu, Half16<T>::abs16_to_f32_bits(fold_max2(acc)));
+  const uint32_t bits =
+      __reduce_max_sync(0xFFFFFFFFu, Half16<T>::abs16_to_f32_bits(fold_max2(acc)));
   if ((threadIdx.x & 31) == 0 && bits != 0) atomicMax(p.out_bits, bits);
 }
 

@@ -8,9 +8,9 @@
 #include <cstdint>
 
 #include "cuda/quantize/packed_common.cuh"  // e2m1_pack8_magnitudes
-#include "fp4attn/config.h"
-#include "fp4attn/formats.h"
-#include "fp4attn/quantize.h"
+#include "fp4attn/numerics/config.h"
+#include "fp4attn/numerics/formats.h"
+#include "fp4attn/numerics/quantize.h"
 
 namespace fp4attn::packed {
 

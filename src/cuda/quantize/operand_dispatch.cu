@@ -3,8 +3,8 @@
 #include <cstdint>
 #include <string>
 
-#include "api/validate_operands.h"
 #include "fp4attn/operands_cuda.h"
+#include "validate/validate_operands.h"
 
 namespace fp4attn {
 

@@ -1,4 +1,4 @@
-// Private fast paths of the Q/K operand kernels (operand_qk.cu).
+// Private fast paths of the Q/K operand kernels (operand_qk_*.cuh).
 //
 // * e4m3_code_hi_finite / e4m3x4_finite: float_to_e4m3 of finite floats by an FMA onto a magic
 //   binade (as packed::e2m1_mag_term does for E2M1), for the fp8 recipe.
@@ -13,13 +13,17 @@
 
 #include <cstdint>
 
-#include "fp4attn/formats.h"
-#include "fp4attn/quantize.h"
-
 #include "cuda/quantize/packed_common.cuh"  // packed::prmt
+#include "fp4attn/numerics/formats.h"
+#include "fp4attn/numerics/quantize.h"
 
 #if defined(__CUDACC__)
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "cuda/quantize/half16_vectors.cuh"
 #endif
 
 namespace fp4attn::operand_fast {
@@ -36,7 +40,7 @@ FP4ATTN_HD uint32_t e4m3_code_hi_finite(float y) {
   const float a = fminf(fabsf(y), kE4m3Max);
   const float p = bits_float(float_bits(fmaxf(a, 0.015625f)) & 0x7F800000u);
   const float m = fmaf(p, 1048576.f, a);
-  const float r = fmaf(p, -1048576.f, m);  // exact
+  const float r = fmaf(p, -1048576.f, m);        // exact
   const float q = detail::mul_rn(r, 0x1p-120f);  // 2^-120: exact
   return (float_bits(q) << 4) | (float_bits(y) & 0x80000000u);
 }
@@ -60,8 +64,7 @@ constexpr int kMxFoldMinK = -248, kMxFoldRows = 255;
 FP4ATTN_HD uint64_t mxfp4_fold_row(int k) {
   uint64_t row = 0;
   for (uint32_t m = 0; m < 8; ++m) {
-    const uint8_t b =
-        float_to_e4m3(detail::scale_pow2(e2m1_to_float(static_cast<uint8_t>(m)), k));
+    const uint8_t b = float_to_e4m3(detail::scale_pow2(e2m1_to_float(static_cast<uint8_t>(m)), k));
     row |= uint64_t{b} << (8 * m);
   }
   return row;
@@ -104,7 +107,7 @@ FP4ATTN_HD void fold8_mag(uint32_t mag, uint32_t t0, uint32_t t1, uint32_t s0, u
   o1 = packed::prmt(t0, t1, mag >> 16) ^ (s1 & smask);
 }
 
-// One MXFP4 operand block (operand_qk.cu quantize_kernel, Mode::kMx): the 32 values v (plain
+// One MXFP4 operand block (quantize_kernel, operand_qk_mx_bf16.cuh): the 32 values v (plain
 // inputs, or smoothed differences x - mean) with amax = block_amax(v), slice offset t -> the 32
 // folded bytes o (element 4i + k in byte k of o[i]): E4M3(e2m1_i * 2^(scale - 127 - t)) with
 // (scale, e2m1) = mxfp4_quantize_block(v, kRoundUp), every byte 0x7F for a NaN/Inf block. Returns
@@ -140,45 +143,21 @@ FP4ATTN_HD uint32_t mxfp4_operand_block(const float (&v)[kMxfp4Block], float ama
 
 #if defined(__CUDACC__)
 
-// 16-bit input words (two values each, element 0 low) as floats: BF16 is the high half of the
-// FP32 bits; FP16 converts exactly.
+// The 16-bit element type of the kernels' kF16 flag, for packed_common.cuh's 16-bit vectors.
 template <bool kF16>
-__device__ __forceinline__ float lo16(uint32_t w) {
-  if constexpr (kF16) {
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xFFFFu)));
-  } else {
-    return __uint_as_float(w << 16);
-  }
-}
-template <bool kF16>
-__device__ __forceinline__ float hi16(uint32_t w) {
-  if constexpr (kF16) {
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
-  } else {
-    return __uint_as_float(w & 0xFFFF0000u);
-  }
-}
+using Half16Type = std::conditional_t<kF16, __half, __nv_bfloat16>;
+
+// Eight values of one 16-byte vector as floats (element 0 in the low half of r.x).
 template <bool kF16>
 __device__ __forceinline__ void unpack8(const uint4& r, float* v) {
-  v[0] = lo16<kF16>(r.x), v[1] = hi16<kF16>(r.x), v[2] = lo16<kF16>(r.y), v[3] = hi16<kF16>(r.y);
-  v[4] = lo16<kF16>(r.z), v[5] = hi16<kF16>(r.z), v[6] = lo16<kF16>(r.w), v[7] = hi16<kF16>(r.w);
+  packed::unpack8<Half16Type<kF16>>(r, v);
 }
 
-// Per-lane max of the |.| bits of two 16-bit values: for BF16 and FP16 the unsigned order of
-// |.| bits is the order of magnitudes with every NaN above Inf, so this is NaN-propagating.
-__device__ __forceinline__ uint32_t abs_max2(uint32_t acc, uint32_t w) {
-  return __vmaxu2(acc, w & 0x7FFF7FFFu);
-}
-
-// The FP32 bits of the larger |.| of the two lanes (NaN stays NaN, Inf stays Inf).
+// The FP32 bits of the larger |.| of the two 16-bit lanes of a packed::abs_max2 accumulator (NaN
+// stays NaN, Inf stays Inf).
 template <bool kF16>
 __device__ __forceinline__ uint32_t abs_max2_to_f32_bits(uint32_t acc) {
-  const uint32_t m = max(acc & 0xFFFFu, acc >> 16);
-  if constexpr (kF16) {
-    return __float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(m))));
-  } else {
-    return m << 16;
-  }
+  return packed::Half16<Half16Type<kF16>>::abs16_to_f32_bits(packed::fold_max2(acc));
 }
 
 using packed::prmt;  // PTX prmt.b32 (default mode)

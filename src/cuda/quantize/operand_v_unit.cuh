@@ -1,9 +1,9 @@
-// The per-thread work of the V operand kernel (operand_v.cu): a register tile of kTok consecutive
-// tokens x kCh adjacent channels (16-bit inputs, two channels per 32-bit word as they lie in
-// memory) quantized as the recipe says, from the slice statistics of the pre-pass, to kCh rows of
-// V^T bytes. Host and device (FP4ATTN_HD), so that a host harness can run exactly this code; the
-// only device-specific pieces are the conversions (hardware cvt on the device, the formats.h
-// codecs on the host; equal on every input that reaches them, see e4m3x2_finite).
+// The per-thread work of the V operand kernel (operand_v_tile.cuh): a register tile of kTok
+// consecutive tokens x kCh adjacent channels (16-bit inputs, two channels per 32-bit word as they
+// lie in memory) quantized as the recipe says, from the slice statistics of the pre-pass, to kCh
+// rows of V^T bytes. Host and device (FP4ATTN_HD), so that a host harness can run exactly this
+// code; the only device-specific pieces are the conversions (hardware cvt on the device, the
+// formats.h codecs on the host; equal on every input that reaches them, see e4m3x2_finite).
 #pragma once
 
 #include <cstdint>
@@ -12,10 +12,11 @@
 #include <cuda_fp16.h>
 #endif
 
-#include "fp4attn/config.h"
-#include "fp4attn/direct_p.h"
-#include "fp4attn/formats.h"
-#include "fp4attn/quantize.h"
+#include "cuda/quantize/bf16_rne.h"
+#include "fp4attn/numerics/config.h"
+#include "fp4attn/numerics/direct_p.h"
+#include "fp4attn/numerics/formats.h"
+#include "fp4attn/numerics/quantize.h"
 
 // Full unrolling on the device (the tile's arrays then live in registers); nothing on the host.
 #if defined(__CUDA_ARCH__)
@@ -82,14 +83,6 @@ FP4ATTN_HD float half_value(uint32_t w) {
   }
 }
 
-// BF16 bits of x, RNE, NaN -> (bits >> 16) | 0x40: float_to_bf16_bits of common/half.h.
-FP4ATTN_HD uint32_t bf16_bits(float x) {
-  uint32_t u = float_bits(x);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (u >> 16) | 0x40u;
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return u >> 16;
-}
-
 // Per-lane unsigned max of two 16-bit lanes.
 FP4ATTN_HD uint32_t vmaxu2(uint32_t a, uint32_t b) {
 #if defined(__CUDA_ARCH__)
@@ -104,7 +97,8 @@ FP4ATTN_HD uint32_t vmaxu2(uint32_t a, uint32_t b) {
 // V^T key order (operands.h operand_v_key_at): positions 0..15 of a 16-key group hold keys
 // 0,1,8,9, 2,3,10,11, 4,5,12,13, 6,7,14,15. g[0..3]: the group's natural-order bytes (key 4k+i in
 // byte i of g[k]), rewritten in place: four PRMTs, each joining a key pair of g[k] with the pair
-// 8 keys later in g[k + 2].
+// 8 keys later in g[k + 2]. byte_perm, not packed::prmt: the compiler predicates and schedules
+// the __byte_perm intrinsic freely, the inline-asm PRMT less (other SASS for fp4-direct).
 FP4ATTN_HD uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t sel) {
 #if defined(__CUDA_ARCH__)
   return __byte_perm(a, b, sel);
@@ -309,8 +303,7 @@ FP4ATTN_HD void quantize_v_channel(const uint32_t* raw, uint32_t chan_amax, floa
           float y[4];
           FP4ATTN_V_UNROLL
           for (int i = 0; i < 4; ++i) {
-            const float x =
-                half_value<kF16, kHi>(raw[(b * kNvfp4Block + 4 * k + i) * kWordStride]);
+            const float x = half_value<kF16, kHi>(raw[(b * kNvfp4Block + 4 * k + i) * kWordStride]);
             y[i] = fold_e2m1(mul_rn(x, inv), f8, k22);
           }
           out[k] = e4m3x2_finite(y[0], y[1]) | (e4m3x2_finite(y[2], y[3]) << 16);
@@ -323,8 +316,7 @@ FP4ATTN_HD void quantize_v_channel(const uint32_t* raw, uint32_t chan_amax, floa
           uint32_t w = 0;
           FP4ATTN_V_UNROLL
           for (int i = 0; i < 4; ++i) {
-            const float x =
-                half_value<kF16, kHi>(raw[(b * kNvfp4Block + 4 * k + i) * kWordStride]);
+            const float x = half_value<kF16, kHi>(raw[(b * kNvfp4Block + 4 * k + i) * kWordStride]);
             w |= nvfp4_fold_generic(x, inv, f8) << (8 * i);
           }
           out[k] = w;
@@ -390,8 +382,8 @@ FP4ATTN_HD void quantize_v_tile(const uint32_t* raw, int live, const uint32_t* c
         for (int q = 0; q < 2; ++q) {
           const uint32_t r = q == 0 ? r0 : r1;
           if constexpr (kF16) {
-            lo[q] = bf16_bits(to_float<true>(r & 0xFFFFu));
-            hi[q] = bf16_bits(to_float<true>(r >> 16));
+            lo[q] = bf16_rne_bits(to_float<true>(r & 0xFFFFu));
+            hi[q] = bf16_rne_bits(to_float<true>(r >> 16));
           } else {
             // BF16 -> BF16: NaN quieted ((bits >> 16) | 0x40 of the FP32 value).
             const uint32_t a = r & 0xFFFFu, b = r >> 16;
@@ -442,8 +434,8 @@ FP4ATTN_HD void quantize_v_tile(const uint32_t* raw, int live, const uint32_t* c
         a_lo[b] = am[w][b] & 0xFFFFu;
         a_hi[b] = am[w][b] >> 16;
       }
-      quantize_v_channel<kMode, kF16, false, kTok, kW, kPreInv>(
-          raw + w, chan_amax[2 * w], s_enc, t, a_lo, words + (2 * w) * kWords);
+      quantize_v_channel<kMode, kF16, false, kTok, kW, kPreInv>(raw + w, chan_amax[2 * w], s_enc, t,
+                                                                a_lo, words + (2 * w) * kWords);
       quantize_v_channel<kMode, kF16, true, kTok, kW, kPreInv>(
           raw + w, chan_amax[2 * w + 1], s_enc, t, a_hi, words + (2 * w + 1) * kWords);
     }

@@ -7,9 +7,10 @@
 #include <cstdint>
 
 #include "cuda/quantize/four_over_six.h"
+#include "cuda/quantize/half16_vectors.cuh"
 #include "cuda/quantize/packed_common.cuh"
-#include "fp4attn/formats.h"
-#include "fp4attn/quantize.h"
+#include "fp4attn/numerics/formats.h"
+#include "fp4attn/numerics/quantize.h"
 
 namespace fp4attn::packed {
 
@@ -71,8 +72,9 @@ __device__ __forceinline__ uint32_t encode_vec8(const uint4& v, float inv, uint3
 
 // True when every table entry's inv is finite (s_enc / 2^-9, the largest, does not overflow):
 // the precondition of nvfp4_block_vec / nvfp4_block_vec_46. Otherwise use
-// nvfp4_block_reference_raw for every block.
-__device__ __forceinline__ bool nvfp4_table_finite(float s_enc) {
+// nvfp4_block_reference_raw for every block. Host and device: the launchers pick the kernels by
+// the same test.
+FP4ATTN_HD bool nvfp4_table_finite(float s_enc) {
   return detail::mul_rn(s_enc, 512.f) <= 3.4028234e38f;
 }
 
@@ -101,9 +103,8 @@ __device__ __forceinline__ uint32_t nvfp4_block_vec(const uint4& a, const uint4&
 // nvfp4_quantize_block with kFourOverSix on the 16 values in a, b (preconditions as
 // nvfp4_block_vec): four_over_six_select (four_over_six.h) with the signs from the input bits.
 template <typename T>
-__device__ __forceinline__ uint32_t nvfp4_block_vec_46(const uint4& a, const uint4& b,
-                                                       float s_enc, const float2* table,
-                                                       uint32_t (&w)[2]) {
+__device__ __forceinline__ uint32_t nvfp4_block_vec_46(const uint4& a, const uint4& b, float s_enc,
+                                                       const float2* table, uint32_t (&w)[2]) {
   const float amax = amax16<T>(a, b);
   if (__float_as_uint(amax) >= 0x7F800000u) {
     w[0] = w[1] = 0;

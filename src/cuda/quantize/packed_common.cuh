@@ -1,20 +1,22 @@
-// Private helpers of the packed-storage kernels (packed_*.cu, amax.cu): fast E2M1 encoding
-// equal to float_to_e2m1, 16-byte vector loads of BF16/FP16, fast 64-bit division, row maps of
-// BSHD tensors. The FP4ATTN_HD parts compile on the host too, where they are tested
-// exhaustively against the codecs of formats.h.
+// The fast exact codecs of the GPU quantizers' block paths: E2M1 encoding equal to float_to_e2m1,
+// the NVFP4 block-scale math, E2M1 magnitudes packed by multiply-add, PRMT, MXFP4 blocks. Host and
+// device (FP4ATTN_HD): the host tests sweep them against the codecs of formats.h.
 #pragma once
 
 #include <math.h>
 
 #include <cstdint>
 
-#include "fp4attn/config.h"
-#include "fp4attn/formats.h"
-#include "fp4attn/quantize.h"
+// Also the index math, the 16-bit vectors and grid_for, which src/cuda/paged reaches through this
+// header.
+#include "cuda/quantize/launch_helpers.h"
+#include "cuda/quantize/row_map.h"
+#include "fp4attn/numerics/config.h"
+#include "fp4attn/numerics/formats.h"
+#include "fp4attn/numerics/quantize.h"
 
 #if defined(__CUDACC__)
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "cuda/quantize/half16_vectors.cuh"
 #endif
 
 namespace fp4attn::packed {
@@ -53,7 +55,8 @@ FP4ATTN_HD uint32_t pack8(const uint32_t (&c)[8]) {
   return w;
 }
 
-// ---- Fast NVFP4 block-scale math (exact; verified exhaustively on the host) ----------------------
+// ---- Fast NVFP4 block-scale math (exact; verified exhaustively on the host)
+// ----------------------
 
 // div_rn(a, 6) for every finite a >= 0 that is a BF16 or FP16 value (the block amax of 16-bit
 // inputs): one product and one FMA correction (verified on all 2 x 2^15 magnitudes; the plain
@@ -198,8 +201,8 @@ FP4ATTN_HD uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 // in the low half of word k) in w0..w3, as a word whose bits 4i+3 are the signs (other bits
 // arbitrary; AND with 0x88888888).
 FP4ATTN_HD uint32_t sign_nibbles8(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
-  const uint32_t a = prmt(w0, w1, 0xFBD9u);  // bytes: s0, s2, s1, s3 (sign-replicated)
-  const uint32_t b = prmt(w2, w3, 0xFBD9u);  // bytes: s4, s6, s5, s7
+  const uint32_t a = prmt(w0, w1, 0xFBD9u);   // bytes: s0, s2, s1, s3 (sign-replicated)
+  const uint32_t b = prmt(w2, w3, 0xFBD9u);   // bytes: s4, s6, s5, s7
   const uint32_t even = prmt(a, b, 0x5410u);  // s0, s2, s4, s6
   const uint32_t odd = prmt(a, b, 0x7632u);   // s1, s3, s5, s7
   return (even & 0x0F0F0F0Fu) | (odd & 0xF0F0F0F0u);
@@ -239,8 +242,7 @@ FP4ATTN_HD bool mxfp4_block_signed(float amax) {
 // only raises 2^e), so every |x| 2^-e <= 6 and the E2M1 term needs no clamp (e2m1_mag_term_le6:
 // per value FMUL, FMNMX, LOP3, FFMA, IMAD, LEA.HI). kOcpFloor: |x| 2^-e < 8, clamped at 6.
 template <MxScaleRule kRule>
-FP4ATTN_HD uint32_t mxfp4_block_mag(const float (&x)[kMxfp4Block], float amax,
-                                    uint32_t (&mag)[4]) {
+FP4ATTN_HD uint32_t mxfp4_block_mag(const float (&x)[kMxfp4Block], float amax, uint32_t (&mag)[4]) {
   const bool bad = !detail::is_finite(amax);
   if (bad || amax == 0.f) {
     mag[0] = mag[1] = mag[2] = mag[3] = 0;
@@ -287,114 +289,5 @@ FP4ATTN_HD uint32_t mxfp4_block_codes(const float (&x)[kMxfp4Block], float amax,
   }
   return s;
 }
-
-// ---- 64-bit division by a runtime constant ------------------------------------------------------
-
-// n / d for n < 2^63 and 1 <= d < 2^62 (Granlund-Montgomery: m = floor(2^64 (2^l - d) / d) + 1, l = ceil(log2 d),
-// q = (umulhi(m, n) + n) >> l; the sum cannot overflow for n < 2^63).
-struct FastDiv {
-  uint64_t d = 1, m = 1;
-  int l = 0;
-
-  static FastDiv make(uint64_t divisor) {
-    FastDiv f;
-    f.d = divisor < 1 ? 1 : divisor;
-    f.l = 0;
-    while (f.l < 62 && (uint64_t{1} << f.l) < f.d) ++f.l;
-    const unsigned __int128 num = static_cast<unsigned __int128>((uint64_t{1} << f.l) - f.d) << 64;
-    f.m = static_cast<uint64_t>(num / f.d) + 1;
-    return f;
-  }
-
-  FP4ATTN_HD uint64_t div(uint64_t n) const {
-#if defined(__CUDA_ARCH__)
-    const uint64_t t = __umul64hi(m, n);
-#else
-    const uint64_t t =
-        static_cast<uint64_t>((static_cast<unsigned __int128>(m) * n) >> 64);
-#endif
-    return (t + n) >> l;
-  }
-};
-
-// Element offset of row r of a BSHD tensor viewed as rows = b * s * h rows of d values.
-struct RowMap {
-  FastDiv div_h, div_s;
-  int64_t stride_b = 0, stride_s = 0, stride_h = 0;
-
-  FP4ATTN_HD int64_t offset(int64_t r) const {
-    const uint64_t bs = div_h.div(static_cast<uint64_t>(r));
-    const int64_t hi = r - static_cast<int64_t>(bs * div_h.d);
-    const uint64_t bi = div_s.div(bs);
-    const int64_t si = static_cast<int64_t>(bs - bi * div_s.d);
-    return static_cast<int64_t>(bi) * stride_b + si * stride_s + hi * stride_h;
-  }
-};
-
-#if defined(__CUDACC__)
-
-// ---- 16-byte vectors of BF16 / FP16 -----------------------------------------------------------
-
-template <typename T>
-struct Half16;  // 16-bit element type tag -> conversions
-
-template <>
-struct Half16<__nv_bfloat16> {
-  __device__ __forceinline__ static float lo(uint32_t w) { return __uint_as_float(w << 16); }
-  __device__ __forceinline__ static float hi(uint32_t w) {
-    return __uint_as_float(w & 0xFFFF0000u);
-  }
-  // |.| bits of one element (16 bits) to the FP32 bits of that magnitude (monotone, NaN stays
-  // NaN, Inf stays Inf).
-  __device__ __forceinline__ static uint32_t abs16_to_f32_bits(uint32_t h) { return h << 16; }
-};
-
-template <>
-struct Half16<__half> {
-  __device__ __forceinline__ static float lo(uint32_t w) {
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xFFFFu)));
-  }
-  __device__ __forceinline__ static float hi(uint32_t w) {
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
-  }
-  __device__ __forceinline__ static uint32_t abs16_to_f32_bits(uint32_t h) {
-    return __float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(h))));
-  }
-};
-
-// Streaming 16-byte load (read once: evict first).
-__device__ __forceinline__ uint4 load16(const void* p) {
-  return __ldcs(reinterpret_cast<const uint4*>(p));
-}
-
-// Per-lane max of the |.| bits of two 16-bit elements (for IEEE halves and BF16 the unsigned
-// order of |.| bits is the order of magnitudes, and NaN bits are above Inf's).
-__device__ __forceinline__ uint32_t abs_max2(uint32_t acc, uint32_t w) {
-  return __vmaxu2(acc, w & 0x7FFF7FFFu);
-}
-
-// The 16-bit amax bits held in the two lanes of acc.
-__device__ __forceinline__ uint32_t fold_max2(uint32_t acc) {
-  const uint32_t lo = acc & 0xFFFFu, hi = acc >> 16;
-  return lo > hi ? lo : hi;
-}
-
-// Eight floats of one 16-byte vector.
-template <typename T>
-__device__ __forceinline__ void unpack8(const uint4& v, float* x) {
-  x[0] = Half16<T>::lo(v.x);
-  x[1] = Half16<T>::hi(v.x);
-  x[2] = Half16<T>::lo(v.y);
-  x[3] = Half16<T>::hi(v.y);
-  x[4] = Half16<T>::lo(v.z);
-  x[5] = Half16<T>::hi(v.z);
-  x[6] = Half16<T>::lo(v.w);
-  x[7] = Half16<T>::hi(v.w);
-}
-
-// Launch geometry: grid-stride loops over `items`, at most `waves` CTAs per SM.
-int grid_for(int64_t items, int threads, int waves = 8);
-
-#endif  // __CUDACC__
 
 }  // namespace fp4attn::packed

@@ -4,73 +4,17 @@
 // NVFP4 block count), one or two scale bytes, 128 (F32) or 64 (BF16) bytes of 16-byte stores.
 #include <cuda_runtime.h>
 
-#include <cmath>
-#include <string>
+#include <cstdint>
 
-#include "cuda/quantize/packed_common.cuh"
+#include "cuda/quantize/bf16_rne.h"
+#include "cuda/quantize/launch_helpers.h"
 #include "cuda/quantize/packed_internal.h"
-#include "cuda/quantize/validate_cuda.h"
+#include "cuda/quantize/row_map.h"
 #include "fp4attn/quantize_cuda.h"
 #include "fp4attn/scale_layout.h"
+#include "validate/validate_cuda.h"
 
 namespace fp4attn {
-namespace packed {
-
-// Validation shared with the repack: packed [b, s, h, d / 2] U8 contiguous and 16-byte aligned,
-// scales in the layout, s_enc finite > 0 (host value) for NVFP4. Returns b, s, h, d.
-Status check_packed(const PackedTensor& in, int64_t* b, int64_t* s, int64_t* h, int64_t* d) {
-  if (in.format != PackedFormat::kNvfp4 && in.format != PackedFormat::kMxfp4) {
-    return Status::Invalid("in.format: unknown PackedFormat");
-  }
-  const TensorView& p = in.packed;
-  FP4ATTN_RETURN_IF_ERROR(check_rank(p, "in.packed", 4, "(batch, seqlen, heads, head_dim / 2)"));
-  FP4ATTN_RETURN_IF_ERROR(check_dtype(p, "in.packed", {DType::kU8}));
-  if (!p.is_contiguous()) return Status::Invalid("in.packed: must be contiguous (row-major)");
-  FP4ATTN_RETURN_IF_ERROR(check_not_null(p, "in.packed"));
-  if (p.numel() > 0) FP4ATTN_RETURN_IF_ERROR(cuda_check::aligned(p.data, "in.packed", 16));
-  *b = p.shape[0];
-  *s = p.shape[1];
-  *h = p.shape[2];
-  *d = 2 * p.shape[3];
-  const int64_t block = in.format == PackedFormat::kNvfp4 ? kNvfp4Block : kMxfp4Block;
-  if (*d % block != 0) {
-    return Status::Invalid("in.packed: head_dim (2 * " + std::to_string(p.shape[3]) +
-                           ") must be a multiple of the block size " + std::to_string(block));
-  }
-  const int64_t rows = *b * *s * *h, sf_cols = *d / block;
-  const bool nv = in.format == PackedFormat::kNvfp4;
-  if (in.layout != ScaleLayout::kRowMajor && in.layout != ScaleLayout::kSwizzled128x4) {
-    return Status::Invalid("in.layout: unknown ScaleLayout");
-  }
-  const int64_t rows_pad = (rows + 127) / 128 * 128, cols_pad = (sf_cols + 3) / 4 * 4;
-  const int64_t n = swizzled_scale_bytes(rows, sf_cols);
-  const bool row_major = in.layout == ScaleLayout::kRowMajor;
-  // (initializer lists spelled out per call: a list must not outlive its full-expression)
-  if (nv && row_major) {
-    FP4ATTN_RETURN_IF_ERROR(cuda_check::output(in.scales, "in.scales", {*b, *s, *h, sf_cols},
-                                               {DType::kU8, DType::kE4M3}, 1));
-  } else if (row_major) {
-    FP4ATTN_RETURN_IF_ERROR(
-        cuda_check::output(in.scales, "in.scales", {*b, *s, *h, sf_cols}, {DType::kU8}, 1));
-  } else if (nv) {
-    FP4ATTN_RETURN_IF_ERROR(cuda_check::output_one_of(
-        in.scales, "in.scales", {{n}, {rows_pad, cols_pad}}, {DType::kU8, DType::kE4M3}, 1));
-  } else {
-    FP4ATTN_RETURN_IF_ERROR(cuda_check::output_one_of(in.scales, "in.scales",
-                                                      {{n}, {rows_pad, cols_pad}}, {DType::kU8}, 1));
-  }
-  if (in.format == PackedFormat::kNvfp4 && in.s_enc_device == nullptr &&
-      (!std::isfinite(in.s_enc) || !(in.s_enc > 0.f))) {
-    return Status::Invalid("in.s_enc: must be finite and > 0, got " + std::to_string(in.s_enc));
-  }
-  if (in.s_enc_device != nullptr) {
-    FP4ATTN_RETURN_IF_ERROR(cuda_check::aligned(in.s_enc_device, "in.s_enc_device", 4));
-  }
-  return Status::Ok();
-}
-
-}  // namespace packed
-
 namespace {
 
 using packed::FastDiv;
@@ -94,14 +38,6 @@ __device__ __forceinline__ uint8_t load_scale(const DequantParams& p, int64_t g)
   if (!p.swizzled) return p.scales[g];
   const int64_t row = static_cast<int64_t>(p.div_sf_cols.div(static_cast<uint64_t>(g)));
   return p.scales[swizzled_scale_offset(row, g - row * p.sf_cols, p.sf_cols)];
-}
-
-// fp4attn's host float_to_bf16_bits (src/common/half.h) on the device.
-__device__ __forceinline__ uint32_t bf16_rne_bits(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (u >> 16) | 0x40u;
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return u >> 16;
 }
 
 // 8 values of packed word w decoded with one scale.
@@ -149,7 +85,8 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const DequantParams p
           uint32_t q[4];
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            q[j] = bf16_rne_bits(v[8 * k + 2 * j]) | (bf16_rne_bits(v[8 * k + 2 * j + 1]) << 16);
+            q[j] = detail::bf16_rne_bits(v[8 * k + 2 * j]) |
+                   (detail::bf16_rne_bits(v[8 * k + 2 * j + 1]) << 16);
           }
           __stcs(dst + k, make_uint4(q[0], q[1], q[2], q[3]));
         }
@@ -158,7 +95,8 @@ __global__ void __launch_bounds__(kThreads) dequant_kernel(const DequantParams p
       float4* dst = reinterpret_cast<float4*>(static_cast<float*>(p.out) + 32 * u);
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
-        if (k < n4) __stcs(dst + k, make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]));
+        if (k < n4)
+          __stcs(dst + k, make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]));
       }
     }
   }

@@ -11,9 +11,6 @@
 
 namespace fp4attn::packed {
 
-// Status of the last launch on this thread: Ok, or "<what>: CUDA error: <text>".
-Status launch_status(const char* what);
-
 // Queues max over x of the FP32 bits of |x| (NaN-propagating, see tensor_amax_cuda) into
 // *bits_device (as an unsigned atomicMax; the caller zeroes it first). x is validated and
 // non-empty.
