@@ -104,7 +104,7 @@ def measure_point(peer, d, s, causal, args):
 
 
 def error_stats(test, ref):
-    """cos and rel-L2 of test against ref (float64), as include/fp4attn/metrics.h defines them."""
+    """cos and rel-L2 of test against ref (float64), as src/harness/metrics.h defines them."""
     t, r = test.double().flatten(), ref.double().flatten()
     cos = (t @ r / (t.norm() * r.norm())).item()
     return {"cos": cos, "rel_l2": ((t - r).norm() / r.norm()).item(),

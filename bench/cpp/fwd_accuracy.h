@@ -1,4 +1,4 @@
-// Accuracy of the fwd suite against the float64 reference (include/fp4attn/reference.h) on one
+// Accuracy of the fwd suite against the float64 reference (include/fp4attn/golden/reference.h) on one
 // (batch, head) slice: a sample of query rows at every grid point (the reference of a whole 16k
 // slice would take minutes), and whole slices at the FA3 comparison shape.
 #pragma once

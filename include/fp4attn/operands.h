@@ -51,6 +51,11 @@ FP4ATTN_HD constexpr int64_t operand_v_position_of(int64_t key) {
   return (key & ~int64_t{15}) + 4 * ((k >> 1) & 3) + (k & 1) + 2 * (k >> 3);
 }
 // The permutation never leaves a group of this many keys; kOperandTokenPad keeps groups whole.
+// Power-of-two block scales (MXFP4, fp4-direct's blocks) fold into E4M3 operands relative to the
+// largest block exponent of the slice, so that the biggest block lands at 2^6 (the largest e with
+// 6 * 2^e <= 448): the golden model, the GPU quantizers and the repack share this offset.
+constexpr int kOperandPow2FoldTop = 6;
+
 constexpr int64_t kOperandVKeyGroup = 16;
 static_assert(kOperandTokenPad % kOperandVKeyGroup == 0);
 

@@ -7,12 +7,12 @@
 #include <vector>
 
 #include "fp4attn/numerics/formats.h"
+#include "fp4attn/operands.h"
 
 namespace fp4attn::py {
 namespace {
 
 constexpr float kNvfp4FoldDivisor = 8.f;  // golden_operands.cc
-constexpr int kPow2FoldTop = 6;           // golden_operands.cc: the largest block lands at 2^6
 
 // Checks x and the outputs; returns the float values of x, row-major [b * s * h, d].
 Status gather_rows(const TensorView& x, int64_t block, const TensorView& packed,
@@ -147,7 +147,8 @@ Status repack_to_operand_host(const TensorView& packed, const TensorView& scales
         if (e != 0xFF) top[bh] = std::max(top[bh], static_cast<int>(e));
       }
     }
-    for (size_t i = 0; i < t.size(); ++i) t[i] = top[i] < 0 ? 0 : top[i] - 127 - kPow2FoldTop;
+    for (size_t i = 0; i < t.size(); ++i)
+      t[i] = top[i] < 0 ? 0 : top[i] - 127 - kOperandPow2FoldTop;
   }
   for (int64_t r = 0; r < b * s * h; ++r) {
     const int64_t bi = r / (s * h), si = r / h % s, hi = r % h, bh = bi * h + hi;

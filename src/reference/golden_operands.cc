@@ -8,6 +8,7 @@
 #include "fp4attn/numerics/direct_p.h"
 #include "fp4attn/numerics/formats.h"
 #include "fp4attn/numerics/quantize.h"
+#include "fp4attn/operands.h"
 
 namespace fp4attn::golden {
 namespace {
@@ -16,9 +17,6 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Fixed offset folded into NVFP4 operands: e2m1 (<= 6) x scale (<= 448) / 8 <= 336 < 448.
 constexpr double kNvfp4FoldDivisor = 8.0;
-// Largest e with 6 * 2^e <= 448: power-of-two block scales are folded relative to the largest
-// block exponent of the head so that the biggest block lands at 2^6.
-constexpr int kPow2FoldTop = 6;
 
 // NaN-propagating max |x| over a whole head slice (block_amax works on one block).
 float slice_amax(const std::vector<float>& x) {
@@ -74,7 +72,7 @@ double fold_pow2(const std::vector<double>& code_val, const std::vector<int>& ex
   for (int e : exps) {
     if (e != kDirectNanExp) emax = std::max(emax, e);
   }
-  const int t = emax == -1000 ? 0 : emax - kPow2FoldTop;
+  const int t = emax == -1000 ? 0 : emax - kOperandPow2FoldTop;
   const bool fold = emu == Emulation::kFoldedE4M3;
   out->resize(code_val.size());
   for (size_t i = 0; i < code_val.size(); ++i) {

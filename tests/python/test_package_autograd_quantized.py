@@ -227,7 +227,7 @@ def test_opcheck_attn_quantized_ops():
 
 
 def outlier_qkv(b=1, s_q=48, s_k=80, h=4, h_kv=2, d=64, seed=0, q_outliers=10.0):
-    """The suite's outlier-channels input, roughly (src/reference/suite.cc): four K channels with
+    """The suite's outlier-channels input, roughly (src/harness/suite.cc): four K channels with
     a mean of +-20 and a spread of 0.5, the others a per-head mean of 0.5 N(0, 1) plus N(0, 1);
     q N(0, 1) with the outlier channels x q_outliers. BF16-exact float32."""
     g = torch.Generator().manual_seed(seed)

@@ -1,6 +1,6 @@
 // Independent float64 reference for the element codecs, for tests only: code values from the
 // format definitions with ldexp, and encoders by brute force (scan every finite code, keep the
-// nearest, ties to the even code). Shares nothing with include/fp4attn/formats.h.
+// nearest, ties to the even code). Shares nothing with include/fp4attn/numerics/formats.h.
 #pragma once
 
 #include <bit>

@@ -1,4 +1,4 @@
-// Host side of the GPU backward: validation (src/api/validate_backward.cc), workspace from the
+// Host side of the GPU backward: validation (src/validate/validate_backward.cc), workspace from the
 // stream-ordered allocator, and the kernel sequence of docs/kernels/bwd_sm90.md:
 //   prep_rows (D, amax of dO) -> prep_quant (FP8 dO, Q^T) -> main, D_hp pass (only for
 //   DSource::kHighPrecisionO) -> main, gradient pass (dK, dV, dQ accumulator) -> dq_convert.

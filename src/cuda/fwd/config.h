@@ -25,7 +25,7 @@ constexpr int ones_bytes() {
 }
 
 // Keys per pipeline stage (N, a template parameter): 128 at d = 128, where a 64 x 256 S does not
-// fit the registers beside O and P. At d = 64 both (scripts/fwd-variants,
+// fit the registers beside O and P. At d = 64 both (bench/scripts/fwd-variants,
 // docs/kernels/fwd_sm90.md): 256 halves the per-block overhead (27% faster non-causal at s =
 // 4096-16384), 128 wastes less past the causal diagonal (5-35% faster causal at s <= 4096);
 // fwd_wide_block() picks. 256 spills 76 bytes in the persistent loop, which costs less than it

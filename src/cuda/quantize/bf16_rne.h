@@ -1,4 +1,4 @@
-// float -> BF16 bits as the host reference writes BF16 (float_to_bf16_bits, src/common/half.h):
+// float -> BF16 bits as the host reference writes BF16 (float_to_bf16_bits, src/core/half.h):
 // round to nearest even, a NaN quieted with its sign and top payload bits kept. Host and device,
 // for every GPU quantizer output in BF16 (Q/K and V operands of the bf16 recipe, the K mean, the
 // packed dequantizer).

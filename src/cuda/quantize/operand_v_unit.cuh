@@ -17,6 +17,7 @@
 #include "fp4attn/numerics/direct_p.h"
 #include "fp4attn/numerics/formats.h"
 #include "fp4attn/numerics/quantize.h"
+#include "fp4attn/operands.h"
 
 // Full unrolling on the device (the tile's arrays then live in registers); nothing on the host.
 #if defined(__CUDA_ARCH__)
@@ -35,7 +36,6 @@ namespace fp4attn::detail::v_operand {
 enum class VMode { kBf16, kFp8, kNvfp4, kDirect };
 
 constexpr int kUnitTokens = 32;  // fp4-direct block (tokens)
-constexpr int kPow2FoldTop = 6;  // golden_operands.cc: the largest block lands at 2^6
 static_assert(kUnitTokens == kDirectBlock);
 
 // Register tile of one thread: channels x tokens. fp4-direct needs a whole 32-token block per
@@ -207,7 +207,7 @@ FP4ATTN_HD float channel_scale(uint32_t chan_amax, const VUnitStats& st) {
     if (st.slice_fin != 0) {
       const float top = bits_float(st.slice_fin - 1);
       uint8_t unused;
-      t = direct_v_quantize_block(&top, 1, 1, &unused) - kPow2FoldTop;
+      t = direct_v_quantize_block(&top, 1, 1, &unused) - kOperandPow2FoldTop;
     }
     return div_rn(t >= -126 ? pow2_normal(t) : scale_pow2(1.f, t), 6.f);
   }
@@ -407,7 +407,7 @@ FP4ATTN_HD void quantize_v_tile(const uint32_t* raw, int live, const uint32_t* c
       if (st.slice_fin != 0) {
         const float top = bits_float(st.slice_fin - 1);
         uint8_t unused;
-        t = direct_v_quantize_block(&top, 1, 1, &unused) - kPow2FoldTop;
+        t = direct_v_quantize_block(&top, 1, 1, &unused) - kOperandPow2FoldTop;
       }
     }
     // Block amax on the 16-bit |x| bits, two channels per word (NaN-propagating).

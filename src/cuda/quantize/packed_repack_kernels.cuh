@@ -9,12 +9,12 @@
 #include "cuda/quantize/row_map.h"
 #include "fp4attn/numerics/formats.h"
 #include "fp4attn/numerics/quantize.h"
+#include "fp4attn/operands.h"
 #include "fp4attn/scale_layout.h"
 
 namespace fp4attn::packed::repack {
 
 constexpr int kThreads = 256;
-constexpr int kPow2FoldTop = 6;  // golden_operands.cc: the largest block lands at 2^6
 
 struct RepackParams {
   const uint8_t* packed;
@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kThreads) mxfp4_slice_max_kernel(const RepackP
 }
 
 __device__ __forceinline__ int fold_offset(unsigned slice_max) {
-  return slice_max == 0 ? 0 : static_cast<int>(slice_max) - 1 - 127 - kPow2FoldTop;
+  return slice_max == 0 ? 0 : static_cast<int>(slice_max) - 1 - 127 - kOperandPow2FoldTop;
 }
 
 __global__ void __launch_bounds__(kThreads) mxfp4_fold_kernel(const RepackParams p) {

@@ -1,4 +1,4 @@
-// The integer side of the GPU paged decode kernel (src/cuda/paged/decode_bits.h), on the CPU:
+// The integer side of the GPU paged decode kernel (src/cuda/decode/decode_bits.h), on the CPU:
 // the E2M1 -> BF16 bit trick for every code in every nibble position, the exactness of the
 // E2M1 x E4M3 product in BF16 with the kernel's 2^118 scale bias for every scale, and an
 // emulation of the kernel's MMA fragments (mma.m16n8k16 row.col, the PTX register layouts)
