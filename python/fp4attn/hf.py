@@ -4,8 +4,9 @@
     fp4attn.hf.register(recipe="nvfp4")
     model = AutoModelForCausalLM.from_config(config, attn_implementation="fp4attn")
 
-Padding masks, sliding windows, softcapping and dropout are refused with UnsupportedError rather
-than ignored: the result would silently differ from the model's definition otherwise.
+Padding masks, sliding windows, softcapping, dropout, attention sinks (gpt-oss's `s_aux`) and
+packed sequences (`cu_seq_lens_q` / `cu_seq_lens_k`) are refused with UnsupportedError rather than
+ignored: the result would silently differ from the model's definition otherwise.
 """
 
 from __future__ import annotations
@@ -26,6 +27,17 @@ def _attention(recipe: str):
         for name in ("sliding_window", "softcap"):
             if kwargs.get(name) is not None:
                 raise UnsupportedError(f"{name}: not supported by fp4attn")
+        if kwargs.get("s_aux") is not None:
+            raise UnsupportedError(
+                "s_aux: attention sinks (one extra logit per head in the softmax) are not "
+                "supported by fp4attn yet"
+            )
+        for name in ("cu_seq_lens_q", "cu_seq_lens_k"):
+            if kwargs.get(name) is not None:
+                raise UnsupportedError(
+                    f"{name}: packed sequences are not supported by the transformers adapter "
+                    "(each token would attend across documents); use fp4attn.attn_varlen_func"
+                )
         if dropout:
             raise UnsupportedError(
                 "dropout: attention dropout is not supported by fp4attn; got "

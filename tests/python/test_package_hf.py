@@ -69,6 +69,25 @@ def test_padding_is_refused(model):
         logits(model, fp4attn.hf.register(), ids, attention_mask=mask)
 
 
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"s_aux": torch.zeros(4)}, "^s_aux: attention sinks"),
+        ({"cu_seq_lens_q": torch.tensor([0, 8, 16], dtype=torch.int32)}, "^cu_seq_lens_q: packed"),
+        ({"cu_seq_lens_k": torch.tensor([0, 8, 16], dtype=torch.int32)}, "^cu_seq_lens_k: packed"),
+    ],
+)
+def test_what_it_cannot_honour_is_refused(kwargs, match):
+    # Called as transformers' AttentionInterface calls it: a silent fallback would drop the sinks
+    # or let tokens attend across packed documents.
+    forward = transformers.AttentionInterface()[fp4attn.hf.register()]
+    q = torch.randn(1, 4, 16, 64, dtype=torch.bfloat16)
+    kv = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
+    module = torch.nn.Module()
+    with pytest.raises(fp4attn.UnsupportedError, match=match):
+        forward(module, q, kv, kv, None, **kwargs)
+
+
 def test_unknown_recipe():
     with pytest.raises(ValueError, match="^recipe: unknown recipe"):
         fp4attn.hf.register("x", recipe="fp3")
