@@ -241,7 +241,7 @@ def append_kv(
     slot_mapping int32 (or int64) [num_tokens]: token t goes to slot page * page_size + offset;
     a negative slot skips the token (padding); a slot past the cache or written twice in one call
     is an error (on CUDA those are not checked, which would need a sync: the kernels skip a slot
-    past the cache). An uncalibrated global (0) is first set from the tokens this call writes.
+    past the cache, and so an int64 slot outside int32's range). An uncalibrated global (0) is first set from the tokens this call writes.
     """
     check_cache(cache)
     dims = "(num_tokens, kv_heads, head_dim)"
@@ -274,11 +274,24 @@ def append_kv(
     if slot_mapping.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"slot_mapping: expected int32 (or int64), got {slot_mapping.dtype}")
     if slot_mapping.dtype == torch.int64:
-        if not cuda and slot_mapping.numel() and int(slot_mapping.max()) >= 2**31:
-            raise ValueError(
-                f"slot_mapping: slot {int(slot_mapping.max())} is past the cache's "
-                f"{cache.num_pages * cache.page_size} slots"
-            )
+        # The kernels take int32 slots: an int64 slot outside int32's range must not wrap onto a
+        # real slot (-2**32 would become slot 0).
+        lo, hi = -(2**31), 2**31 - 1
+        if not cuda and slot_mapping.numel():
+            top, bottom = int(slot_mapping.max()), int(slot_mapping.min())
+            if top > hi:
+                raise ValueError(
+                    f"slot_mapping: slot {top} is past the cache's "
+                    f"{cache.num_pages * cache.page_size} slots"
+                )
+            if bottom < lo:
+                raise ValueError(
+                    f"slot_mapping: slot {bottom} is below int32's range (a negative slot marks "
+                    "padding: use -1)"
+                )
+        elif cuda:
+            # No host sync on CUDA: such a slot becomes one past the cache, which the kernels skip.
+            slot_mapping = torch.where((slot_mapping < lo) | (slot_mapping > hi), hi, slot_mapping)
         slot_mapping = slot_mapping.to(torch.int32)
     if k.device.type not in ("cpu", "cuda"):
         raise ValueError(f"k: device {k.device} is not supported (cpu or cuda)")

@@ -294,6 +294,10 @@ def test_bad_arguments_name_the_argument():
         append_kv(cache, k, k, torch.tensor([5, 32], dtype=torch.int32))
     with pytest.raises(ValueError, match="slot_mapping"):  # one slot twice in a call
         append_kv(cache, k, k, torch.tensor([7, 7], dtype=torch.int32))
+    # int64 slots outside int32's range must not wrap onto a real slot (-2**32 + 3 -> 3).
+    for bad in (-(2**32), -(2**32) + 3, -(2**63), 2**32 + 5):
+        with pytest.raises(ValueError, match="^slot_mapping: slot -?[0-9]+ is (below|past)"):
+            append_kv(cache, k, k, torch.tensor([5, bad], dtype=torch.int64))
     with pytest.raises(ValueError, match="^head_dim: head_dim 96 is not supported"):
         PagedKVCache.empty(2, 16, 2, 96)
     with pytest.raises(ValueError, match="^format: expected one of nvfp4, fp8"):
@@ -403,3 +407,16 @@ def test_paged_ops_are_custom_ops():
     )  # fmt: skip
     for got, want in zip(compiled(q), decode(q, cache, tables, seq_lens, return_lse=True)):
         assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(not fp4attn.cuda_available(), reason="needs a CUDA GPU and a CUDA build")
+def test_cuda_int64_slots_outside_int32_are_not_written():
+    # On CUDA nothing syncs to check slot values: an int64 slot outside int32's range must be
+    # skipped like a slot past the cache, not wrap onto slot 0 or 3.
+    cache = _to_cuda(PagedKVCache.empty(2, 16, 2, 64, format="fp8", k_global=0.05, v_global=0.05))
+    k = torch.randn(3, 2, 64, dtype=torch.bfloat16, device="cuda")
+    append_kv(cache, k, k, torch.tensor([-(2**32), -(2**32) + 3, 2**32 + 5], device="cuda"))
+    torch.cuda.synchronize()
+    assert int(cache.k_data.count_nonzero()) == 0 and int(cache.v_data.count_nonzero()) == 0
+    append_kv(cache, k[:1], k[:1], torch.tensor([3], device="cuda"))  # a real slot is written
+    assert int(cache.k_data[0, 3].count_nonzero()) > 0
