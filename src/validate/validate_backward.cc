@@ -10,7 +10,7 @@ namespace {
 std::string str(int64_t v) { return std::to_string(v); }
 
 Status check_recipe(const ForwardOptions& opt) {
-  if (!backward_recipe_supported(opt.recipe)) {
+  if (!recipe_has_gpu_backward(opt.recipe)) {
     return Status::Unsupported(std::string("recipe: '") + recipe_name(opt.recipe) +
                                "' has no GPU backward (it has no GPU forward: the engine runs " +
                                gpu_recipe_names() +
@@ -59,8 +59,6 @@ Status validate_backward_options(const BackwardCudaOptions& bopt) {
   }
   return Status::Ok();
 }
-
-bool backward_recipe_supported(Recipe recipe) { return recipe_has_gpu_backward(recipe); }
 
 bool backward_needs_row_max(Recipe recipe) {
   return recipe == Recipe::kNvfp4Fast || recipe == Recipe::kFp4Direct;

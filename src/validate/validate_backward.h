@@ -8,10 +8,6 @@
 
 namespace fp4attn {
 
-// The recipes the GPU backward runs: every engine recipe. The exp2 ones rebuild P from the LSE,
-// nvfp4-fast and fp4-direct rebuild their P codes from the forward's row_max (and the LSE).
-bool backward_recipe_supported(Recipe recipe);
-
 // Whether the recipe's backward needs the forward's row_max (nvfp4-fast, fp4-direct).
 bool backward_needs_row_max(Recipe recipe);
 

@@ -20,7 +20,7 @@ Status check_aligned(const void* p, const char* name, int bytes) {
 }
 
 Status check_options(const ForwardOptions& opt) {
-  if (!forward_recipe_supported(opt.recipe)) {
+  if (!recipe_has_gpu_forward(opt.recipe)) {
     return Status::Unsupported(
         std::string("recipe: '") + recipe_name(opt.recipe) +
         "' does not run on the GPU engine (supported: " + gpu_recipe_names() + ")");
@@ -92,12 +92,6 @@ Status check_sizes(const ForwardShape& sh) {
 }
 
 }  // namespace
-
-// The recipes whose operands are scale-folded E4M3 Q/K with FP32 tile factors and per-channel
-// E4M3 V, with P from exp2 with the 2^8 lift, the exp-free code map (nvfp4-fast), the Direct-P
-// surrogate folded into E4M3 (fp4-direct) or NVFP4-quantized exp2 folded into E4M3 (nvfp4-all).
-// bf16 (BF16 operands) is the CPU golden model's only.
-bool forward_recipe_supported(Recipe recipe) { return recipe_has_gpu_forward(recipe); }
 
 Status validate_forward_operands(const ForwardOperands& in, const ForwardOptions& opt,
                                  const TensorView& o, const TensorView& lse, ForwardShape* shape) {

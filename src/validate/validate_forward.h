@@ -14,9 +14,6 @@ struct ForwardShape {
   int64_t b = 0, h = 0, h_kv = 0, s_q = 0, s_k = 0, d = 0;
 };
 
-// The recipes the GPU engine runs today.
-bool forward_recipe_supported(Recipe recipe);
-
 // Checks operands (operands.h layouts), o, lse and options; fills `shape`.
 Status validate_forward_operands(const ForwardOperands& in, const ForwardOptions& opt,
                                  const TensorView& o, const TensorView& lse, ForwardShape* shape);

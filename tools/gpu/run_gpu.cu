@@ -18,7 +18,7 @@ std::string gpu_unavailable_reason(Recipe recipe) {
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return "no CUDA device";
   const Status st = check_forward_device();
   if (!st.ok()) return st.message();
-  if (!forward_recipe_supported(recipe)) {
+  if (!recipe_has_gpu_forward(recipe)) {
     return std::string("recipe '") + recipe_name(recipe) + "' does not run on the GPU engine yet";
   }
   return "";
