@@ -23,9 +23,11 @@ struct PagedAttentionCudaOptions {
   // never read outside the cache: a page id outside [0, num_pages) or a seq_len outside
   // [0, max_pages * page_size] turns that sequence's output rows into NaN instead.
   TensorView block_tables_host, seq_lens_host, cu_seqlens_q_host;
-  // Split-KV: 0 picks the number of splits (docs/kernels/decode.md 7.1); n >= 1 forces n splits
-  // of ceil(max_len / n) keys rounded up to 64 (max_len from seq_lens_host when given, else
-  // max_pages * page_size). 1 disables splitting.
+  // Split-KV: 0 picks the number of splits n (paged_decode_schedule, docs/kernels/decode.md 7.1);
+  // n >= 1 asks for n. Each sequence is split on the device into n parts of ceil(seq_len / n)
+  // keys rounded up to 64, so one schedule serves every length up to max_len (max_len from
+  // seq_lens_host when given, else max_pages * page_size; at most ceil(max_len / 64) splits).
+  // 1 disables splitting.
   int num_splits = 0;
   // Device scratch for the split partials and the fused combine's arrival counters, optional: at
   // least paged_attention_workspace_bytes() bytes, 16-byte aligned. Without it the call
@@ -37,7 +39,25 @@ struct PagedAttentionCudaOptions {
   // counters zero (a faulting one leaves the context unusable), so the call skips the counters'
   // cudaMemsetAsync. false: that memset runs before each split launch.
   bool workspace_is_clean = false;
+  // Device I32 [1], optional: the kernels OR the kPagedError* bits (paged_kv.h) of the bad
+  // lengths, page ids and cu_seqlens_q they meet into it (their rows also come out NaN).
+  int32_t* error_flag = nullptr;
 };
+
+// What paged_attention_cuda launches for a batch of b sequences (total_q query rows, h heads,
+// kv_heads kv heads, head_dim, the cache format), the longest query chunk max_s_q (-1: varlen
+// with unknown chunks) and the longest sequence max_len, with `forced` =
+// PagedAttentionCudaOptions::num_splits: the split count, the longest sequence's split size, and
+// the workspace it needs. A plan made once for a batch shape (capacity max_len) holds for every
+// call with those shapes whatever the lengths, since the kernel splits each sequence itself.
+struct PagedDecodeSchedule {
+  int64_t num_splits = 1;
+  int64_t split_size = 0;
+  size_t workspace_bytes = 0;
+};
+PagedDecodeSchedule paged_decode_schedule(int64_t b, int64_t total_q, int64_t h, int64_t kv_heads,
+                                          int64_t head_dim, bool nvfp4, int64_t max_s_q,
+                                          int64_t max_len, int forced);
 
 // Decode / speculative decode over the paged cache on the GPU:
 //   q: BF16 [b, s_q, h, d] or varlen [total_q, h, d] with cu_seqlens_q I32 [b + 1] (device), any
@@ -61,7 +81,8 @@ Status paged_attention_cuda(const TensorView& q, const TensorView& cu_seqlens_q,
                             const PagedAttentionCudaOptions& copt, cudaStream_t stream);
 
 // The split-KV partials alone (what paged_attention_cuda merges): split s covers keys
-// [s * split_size, (s + 1) * split_size), split_size a multiple of 16; o_partial F32
+// [s * split_size, (s + 1) * split_size), split_size a multiple of 16, or split_size 0: each
+// sequence split as paged_attention_cuda splits it (num_splits parts); o_partial F32
 // [num_splits, total_q, h, d] and lse_partial F32 [num_splits, total_q, h], contiguous, device
 // memory; the meaning of golden_paged_attention_partials (an empty split: O = 0, LSE = -inf).
 Status paged_attention_partials_cuda(const TensorView& q, const TensorView& cu_seqlens_q,

@@ -36,6 +36,21 @@ struct PagedKvCache {
   Nvfp4ScaleRule rule = Nvfp4ScaleRule::kNearest;
 };
 
+// The device error flags of the paged kernels (bits of an optional I32 [1] in device memory, OR'd
+// by the kernels, read by the caller off the hot path). The kernels never read or write outside
+// the cache: a bad value is skipped (append) or turns the sequence's output rows into NaN.
+enum PagedError : int32_t {
+  kPagedErrorSlotPastCache = 1,  // append: a slot >= num_pages * page_size (negative = skip)
+  kPagedErrorSeqLen = 2,         // attention: a seq_len outside [0, max_pages * page_size]
+  kPagedErrorPageId = 4,         // attention: a page id read outside [0, num_pages)
+  kPagedErrorCuSeqlens = 8,      // attention: cu_seqlens_q outside [0, total_q] or decreasing
+};
+inline constexpr PagedError kPagedErrors[] = {kPagedErrorSlotPastCache, kPagedErrorSeqLen,
+                                              kPagedErrorPageId, kPagedErrorCuSeqlens};
+
+// What a flag bit means, for messages ("slot_mapping: a slot past the cache ...").
+const char* paged_error_description(PagedError e);
+
 // vLLM's slot convention: token `offset` of page `page` is slot page * page_size + offset.
 constexpr int64_t paged_kv_slot(int64_t page, int64_t page_size, int64_t offset) {
   return page * page_size + offset;

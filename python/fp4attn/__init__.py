@@ -9,7 +9,7 @@ tensors on the GPU kernels. See docs/python.md.
 from ._layout import RECIPES
 from ._native import _C, UnsupportedError
 from .api import attn_func, attn_quantized, fake_quantize, quantize_qkv
-from .paged import PagedKVCache, append_kv, decode
+from .paged import DecodePlan, PagedKVCache, append_kv, decode
 from .quantized import QuantizedQKV, quantize_q
 from .varlen import attn_varlen_func
 
@@ -26,6 +26,7 @@ def cuda_available() -> bool:
 
 __all__ = [
     "RECIPES",
+    "DecodePlan",
     "PagedKVCache",
     "QuantizedQKV",
     "UnsupportedError",

@@ -21,6 +21,7 @@ SCALE_TILE = _C.OPERAND_TILE_TOKENS  # one Q/K scale per this many tokens
 V_TOKEN_PAD = _C.OPERAND_TOKEN_PAD  # V^T rows are padded to a multiple of this many tokens
 PACKED_BLOCK = dict(_C.PACKED_BLOCK)  # packed FP4: values per scale along the last dim
 NVFP4_SCALE_RULES = tuple(_C.NVFP4_SCALE_RULES)
+PAGED_ERRORS = dict(_C.PAGED_ERRORS)  # paged_kv.h: device error flag bit -> what it means
 
 _DATA_DTYPE = {r: getattr(torch, _C.operand_data_dtype(r)) for r in RECIPES}
 _FP4_RULE = {(r, role): _C.operand_fp4_rule(r, role) for r in RECIPES for role in ("q", "k", "v")}

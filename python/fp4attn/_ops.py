@@ -733,7 +733,7 @@ def _cache_codes(k_data, v_data, k_scales, v_scales, k_global, v_global, fmt):
 
 @torch.library.custom_op(
     "fp4attn::paged_kv_append",
-    mutates_args=("k_data", "v_data", "k_scales", "v_scales", "k_global", "v_global"),
+    mutates_args=("k_data", "v_data", "k_scales", "v_scales", "k_global", "v_global", "errors"),
 )
 def paged_kv_append(
     k: Tensor,
@@ -747,12 +747,16 @@ def paged_kv_append(
     v_global: Tensor,
     fmt: str,
     rule: str,
+    errors: Tensor | None,
 ) -> None:
     """Writes k, v [num_tokens, kv_heads, head_dim] into the cache's tensors at slot_mapping
-    (int32), in place; an uncalibrated global (0) is set first (include/fp4attn/paged_kv.h)."""
+    (int32 or int64, read as is), in place; an uncalibrated global (0) is set first
+    (include/fp4attn/paged_kv.h). CUDA: a slot past the cache sets a bit of errors (int32 [1])."""
     cache = _cache_codes(k_data, v_data, k_scales, v_scales, k_global, v_global, fmt)
     if k.device.type == "cuda":
         require_cuda_build("append_kv")
+        # The calibration's scratch from torch's allocator (graph-capturable, no cudaMallocAsync).
+        scratch = torch.empty(4, dtype=torch.int32, device=k.device)
         run_cuda(
             _C.paged_kv_append_cuda,
             k,
@@ -760,7 +764,8 @@ def paged_kv_append(
             slot_mapping,
             *cache,
             rule,
-            None,
+            errors,
+            scratch,
             True,
             cuda_stream(k.device),
         )
@@ -769,11 +774,12 @@ def paged_kv_append(
 
 
 @paged_kv_append.register_fake
-def _(k, v, slot_mapping, k_data, v_data, k_scales, v_scales, k_global, v_global, fmt, rule):
+def _(k, v, slot_mapping, k_data, v_data, k_scales, v_scales, k_global, v_global, fmt, rule,
+      errors):  # fmt: skip
     return None
 
 
-def _paged_outputs(q, block_tables, cu_seqlens_q, return_lse: bool):
+def _paged_outputs(q, batch: int, cu_seqlens_q, return_lse: bool):
     """o like q, and lse float32 [heads, total_q] (varlen) or [batch, heads, s_q]; an empty lse
     when it is not asked for (the extension then skips it)."""
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -783,11 +789,40 @@ def _paged_outputs(q, block_tables, cu_seqlens_q, return_lse: bool):
     elif cu_seqlens_q is not None:
         shape = (heads, q.shape[0])
     else:
-        shape = (block_tables.shape[0], heads, q.shape[1])
+        shape = (batch, heads, q.shape[1])
     return o, torch.empty(shape, dtype=torch.float32, device=q.device)
 
 
-@torch.library.custom_op("fp4attn::paged_decode", mutates_args=())
+def _paged_decode(q, cu_seqlens_q, cache, block_tables, seq_lens, softmax_scale, causal, o, lse,
+                  workspace, num_splits, errors):  # fmt: skip
+    """Runs the decode into o (and lse, when not None). CPU: the golden paged attention, which
+    checks the indices on the host; CUDA: the decode kernel, indices read on the device only."""
+    if q.device.type == "cuda":
+        require_cuda_build("decode")
+        with torch.cuda.device(q.device):
+            run_cuda(
+                _C.paged_attention_cuda,
+                q,
+                cu_seqlens_q,
+                *cache,
+                block_tables,
+                seq_lens,
+                softmax_scale,
+                causal,
+                o,
+                lse,
+                workspace,
+                num_splits,
+                errors,
+                cuda_stream(q.device),
+            )
+    else:
+        _C.golden_paged_attention_host(
+            q, cu_seqlens_q, *cache, block_tables, seq_lens, softmax_scale, causal, o, lse
+        )
+
+
+@torch.library.custom_op("fp4attn::paged_decode", mutates_args=("workspace", "errors"))
 def paged_decode(
     q: Tensor,
     cu_seqlens_q: Tensor | None,
@@ -803,51 +838,72 @@ def paged_decode(
     softmax_scale: float,
     causal: bool,
     return_lse: bool,
+    workspace: Tensor | None,
+    num_splits: int,
+    errors: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
-    """Attention of q over the paged cache: (o, lse), lse empty unless return_lse. CPU: the
-    golden paged attention; CUDA: the decode kernel, with host copies of block_tables, seq_lens
-    (and cu_seqlens_q) whose page ids and lengths are checked before the launch."""
-    o, lse = _paged_outputs(q, block_tables, cu_seqlens_q, return_lse)
-    lse_out = lse if return_lse else None
+    """Attention of q over the paged cache: (o, lse), lse empty unless return_lse. workspace,
+    num_splits: a DecodePlan's (None, 0: the call picks and allocates); errors: the cache's device
+    error flag (CUDA)."""
+    o, lse = _paged_outputs(q, block_tables.shape[0], cu_seqlens_q, return_lse)
     cache = _cache_codes(k_data, v_data, k_scales, v_scales, k_global, v_global, fmt)
-    if q.device.type == "cuda":
-        require_cuda_build("decode")
-        with torch.cuda.device(q.device):
-            run_cuda(
-                _C.paged_attention_cuda,
-                q,
-                cu_seqlens_q,
-                *cache,
-                block_tables,
-                seq_lens,
-                softmax_scale,
-                causal,
-                o,
-                lse_out,
-                block_tables.cpu(),
-                seq_lens.cpu(),
-                None if cu_seqlens_q is None else cu_seqlens_q.cpu(),
-                cuda_stream(q.device),
-            )
-    else:
-        _C.golden_paged_attention_host(
-            q,
-            cu_seqlens_q,
-            *cache,
-            block_tables,
-            seq_lens,
-            softmax_scale,
-            causal,
-            o,
-            lse_out,
-        )
+    _paged_decode(q, cu_seqlens_q, cache, block_tables, seq_lens, softmax_scale, causal, o,
+                  lse if return_lse else None, workspace, num_splits, errors)  # fmt: skip
     return o, lse
 
 
 @paged_decode.register_fake
 def _(q, cu_seqlens_q, k_data, v_data, k_scales, v_scales, k_global, v_global, fmt, block_tables,
-      seq_lens, softmax_scale, causal, return_lse):  # fmt: skip
-    return _paged_outputs(q, block_tables, cu_seqlens_q, return_lse)
+      seq_lens, softmax_scale, causal, return_lse, workspace, num_splits, errors):  # fmt: skip
+    return _paged_outputs(q, block_tables.shape[0], cu_seqlens_q, return_lse)
+
+
+@torch.library.custom_op(
+    "fp4attn::paged_decode_into", mutates_args=("o", "lse", "workspace", "errors")
+)
+def paged_decode_into(
+    q: Tensor,
+    cu_seqlens_q: Tensor | None,
+    k_data: Tensor,
+    v_data: Tensor,
+    k_scales: Tensor | None,
+    v_scales: Tensor | None,
+    k_global: Tensor,
+    v_global: Tensor,
+    fmt: str,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    o: Tensor,
+    lse: Tensor | None,
+    workspace: Tensor | None,
+    num_splits: int,
+    errors: Tensor | None,
+) -> None:
+    """paged_decode into the caller's o (and lse): no allocation."""
+    cache = _cache_codes(k_data, v_data, k_scales, v_scales, k_global, v_global, fmt)
+    _paged_decode(q, cu_seqlens_q, cache, block_tables, seq_lens, softmax_scale, causal, o, lse,
+                  workspace, num_splits, errors)  # fmt: skip
+
+
+@paged_decode_into.register_fake
+def _(q, cu_seqlens_q, k_data, v_data, k_scales, v_scales, k_global, v_global, fmt, block_tables,
+      seq_lens, softmax_scale, causal, o, lse, workspace, num_splits, errors):  # fmt: skip
+    return None
+
+
+def paged_check_indices(q, cu_seqlens_q, cache, block_tables, seq_lens) -> None:
+    """The host value checks of the indices (copies them to the host: a sync)."""
+    cu = None if cu_seqlens_q is None else cu_seqlens_q.cpu()
+    codes = _cache_codes(*cache)
+    _C.paged_check_indices_host(q, cu, *codes, block_tables.cpu(), seq_lens.cpu())
+
+
+def paged_decode_schedule(*args) -> tuple[int, int, int]:
+    """(num_splits, split_size, workspace_bytes) of paged_attention_cuda (paged_attention_cuda.h)."""
+    require_cuda_build("decode")
+    return _C.paged_decode_schedule(*args)
 
 
 @torch.library.custom_op("fp4attn::paged_kv_dequantize", mutates_args=())
@@ -888,7 +944,10 @@ __all__ = [
     "attn_quantized_bwd",
     "attn_quantized_fwd",
     "fake_quantize",
+    "paged_check_indices",
     "paged_decode",
+    "paged_decode_into",
+    "paged_decode_schedule",
     "paged_kv_append",
     "paged_kv_dequantize",
     "quantize_k_smoothed",

@@ -3,12 +3,16 @@ paged prefill: docs/kernels/decode.md has the layout, docs/python.md the usage.
 
     cache = PagedKVCache.empty(num_pages, page_size, kv_heads, head_dim, format="nvfp4")
     append_kv(cache, k, v, slot_mapping)                 # vLLM's reshape_and_cache
-    o = decode(q, cache, block_tables, seq_lens)         # attention over the cached tokens
+    plan = DecodePlan(cache, q, block_tables)            # once per batch shape (FlashInfer's plan)
+    o = plan.run(q, cache, block_tables, seq_lens)       # once per layer; CUDA-graph capturable
+    o = decode(q, cache, block_tables, seq_lens)         # the same in one call
 
 CPU tensors run the host reference (append) and the golden paged attention (float64 on the
-decoded cache); CUDA tensors the GPU append and decode kernels. The public functions check their
-arguments here, partly on the host, then call the torch.library custom ops of _ops (no
-autograd).
+decoded cache), which check every index on the host; CUDA tensors the GPU append and decode
+kernels, which read the indices on the device only (no host copy, no sync): a bad one is skipped
+or gives NaN rows and sets a bit of the cache's error flag, read by cache.check_errors(). The
+public functions check shapes and dtypes here, then call the torch.library custom ops of _ops
+(no autograd). docs/serving.md maps this onto a serving engine.
 """
 
 from __future__ import annotations
@@ -42,7 +46,9 @@ class PagedKVCache:
 
     A global of 0 is "not calibrated yet": the next append that writes a token sets it from that
     append's values. `rule` is the NVFP4 block-scale rule of the append (quantize.h). The tensors
-    may be views into a larger page pool (any strides, last dimension contiguous).
+    may be views into a larger page pool (any strides, last dimension contiguous). `errors`
+    (int32 [1] on the cache's device, optional; empty() makes one): the device error flag the CUDA
+    append and decode OR their findings into (check_errors).
     """
 
     k_data: torch.Tensor
@@ -53,6 +59,7 @@ class PagedKVCache:
     v_global: torch.Tensor
     format: str = "nvfp4"
     rule: str = "nearest"
+    errors: torch.Tensor | None = None
 
     @classmethod
     def empty(
@@ -108,7 +115,8 @@ class PagedKVCache:
             k_scales = v_scales = None
         kg = torch.tensor([float(k_global)], dtype=torch.float32, device=device)
         vg = torch.tensor([float(v_global)], dtype=torch.float32, device=device)
-        return cls(k_data, v_data, k_scales, v_scales, kg, vg, format, rule)
+        errors = torch.zeros(1, dtype=torch.int32, device=device)
+        return cls(k_data, v_data, k_scales, v_scales, kg, vg, format, rule, errors)
 
     @property
     def num_pages(self) -> int:
@@ -129,6 +137,20 @@ class PagedKVCache:
     @property
     def device(self) -> torch.device:
         return self.k_data.device
+
+    def check_errors(self) -> None:
+        """Raises ValueError listing what the CUDA kernels found since the last check (a slot
+        past the cache, a bad length, page id or cu_seqlens_q), and clears the flag. Reads the
+        flag from the device: a sync, for a debug step or once in a while, not the hot path."""
+        if self.errors is None:
+            return
+        _check_errors_tensor(self.errors)
+        bits = int(self.errors.item())
+        if bits == 0:
+            return
+        self.errors.zero_()
+        found = [text for bit, text in sorted(_layout.PAGED_ERRORS.items()) if bits & bit]
+        raise ValueError("paged cache: the kernels met bad indices: " + "; ".join(found))
 
     def _tensors(self) -> tuple:
         """The arguments the _ops paged ops take for the cache: its tensors and format."""
@@ -204,11 +226,21 @@ def check_cache(cache: object) -> PagedKVCache:
             raise ValueError(
                 f"cache.{name}: expected float32 of shape (1), got {t.dtype} {tuple(t.shape)}"
             )
-    for name in ("v_data", "k_scales", "v_scales", "k_global", "v_global"):
+    if cache.errors is not None:
+        _check_errors_tensor(cache.errors)
+    for name in ("v_data", "k_scales", "v_scales", "k_global", "v_global", "errors"):
         t = getattr(cache, name)
         if t is not None:
             _checks.check_device(t, f"cache.{name}", kd, "cache.k_data")
     return cache
+
+
+def _check_errors_tensor(t: object) -> None:
+    _checks.check_tensor(t, "cache.errors", 1, "(1)")
+    if t.dtype != torch.int32 or t.shape[0] != 1:
+        raise ValueError(
+            f"cache.errors: expected int32 of shape (1), got {t.dtype} {tuple(t.shape)}"
+        )
 
 
 def _check_int32(t: object, name: str, rank: int, dims: str) -> torch.Tensor:
@@ -238,10 +270,12 @@ def append_kv(
     """Writes new tokens into the cache in place (vLLM's reshape_and_cache).
 
     k, v [num_tokens, kv_heads, head_dim]: CPU float16/bfloat16/float32, CUDA float16/bfloat16.
-    slot_mapping int32 (or int64) [num_tokens]: token t goes to slot page * page_size + offset;
-    a negative slot skips the token (padding); a slot past the cache or written twice in one call
-    is an error (on CUDA those are not checked, which would need a sync: the kernels skip a slot
-    past the cache, and so an int64 slot outside int32's range). An uncalibrated global (0) is first set from the tokens this call writes.
+    slot_mapping int32 or int64 [num_tokens] (vLLM's int64 is read as is, never narrowed): token
+    t goes to slot page * page_size + offset; a negative slot skips the token (padding: vLLM pads
+    graph-captured batches with -1). A slot past the cache, or written twice in one call, is an
+    error: raised on CPU; on CUDA (no host copy, no sync) the token is skipped and the cache's
+    error flag records a slot past the cache (check_errors), and a slot written twice holds one
+    of its tokens. An uncalibrated global (0) is first set from the tokens this call writes.
     """
     check_cache(cache)
     dims = "(num_tokens, kv_heads, head_dim)"
@@ -273,56 +307,14 @@ def append_kv(
         )
     if slot_mapping.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"slot_mapping: expected int32 (or int64), got {slot_mapping.dtype}")
-    if slot_mapping.dtype == torch.int64:
-        # The kernels take int32 slots: an int64 slot outside int32's range must not wrap onto a
-        # real slot (-2**32 would become slot 0).
-        lo, hi = -(2**31), 2**31 - 1
-        if not cuda and slot_mapping.numel():
-            top, bottom = int(slot_mapping.max()), int(slot_mapping.min())
-            if top > hi:
-                raise ValueError(
-                    f"slot_mapping: slot {top} is past the cache's "
-                    f"{cache.num_pages * cache.page_size} slots"
-                )
-            if bottom < lo:
-                raise ValueError(
-                    f"slot_mapping: slot {bottom} is below int32's range (a negative slot marks "
-                    "padding: use -1)"
-                )
-        elif cuda:
-            # No host sync on CUDA: such a slot becomes one past the cache, which the kernels skip.
-            slot_mapping = torch.where((slot_mapping < lo) | (slot_mapping > hi), hi, slot_mapping)
-        slot_mapping = slot_mapping.to(torch.int32)
+    _checks.check_last_dim_contiguous(slot_mapping, "slot_mapping")
     if k.device.type not in ("cpu", "cuda"):
         raise ValueError(f"k: device {k.device} is not supported (cpu or cuda)")
-    _ops.paged_kv_append(k, v, slot_mapping, *cache._tensors(), cache.rule)
+    _ops.paged_kv_append(k, v, slot_mapping, *cache._tensors(), cache.rule, cache.errors)
 
 
-def decode(
-    q: torch.Tensor,
-    cache: PagedKVCache,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    softmax_scale: float | None = None,
-    causal: bool = True,
-    cu_seqlens_q: torch.Tensor | None = None,
-    return_lse: bool = False,
-):
-    """Attention of new queries over the paged cache (decode, speculative decode, prefill/extend).
-
-    q [batch, s_q, heads, head_dim] (every sequence has s_q queries), or [total_q, heads,
-    head_dim] with cu_seqlens_q int32 [batch + 1] (FlashAttention's cu_seqlens, FlashInfer's
-    qo_indptr); CPU float16/bfloat16/float32/float64. block_tables int32 [batch, max_pages] (page
-    ids in order; entries past a sequence's last page are not read), seq_lens int32 [batch]
-    (cached tokens, the queries' own K/V included: append them first). heads % kv_heads == 0.
-    causal is bottom-right aligned: query i of s_q sees key j iff j <= i + seq_len - s_q.
-    Returns o like q, and with return_lse also lse float32 (natural log), [batch, heads, s_q]
-    or [heads, total_q] for varlen; a query without visible keys gets o = 0, lse = +inf.
-
-    CPU: the golden paged attention (float64 over the decoded cache). CUDA: the decode kernel
-    (docs/kernels/decode.md), bfloat16 q and o; block_tables, seq_lens (and cu_seqlens_q) are
-    also copied to the host once per call, so that bad page ids and lengths raise before launch.
-    """
+def _check_query(q, cache, block_tables, seq_lens, softmax_scale, causal, cu_seqlens_q):
+    """The shape, dtype and device checks of a decode call; returns the softmax scale."""
     check_cache(cache)
     varlen = cu_seqlens_q is not None
     if varlen:
@@ -337,7 +329,6 @@ def decode(
     _checks.check_device(q, "q", cache.k_data, "the cache")
     scale = _checks.check_softmax_scale(softmax_scale)
     _checks.check_bool(causal, "causal")
-    _checks.check_bool(return_lse, "return_lse")
     batch = _check_tables(block_tables, seq_lens, cache)
     if varlen:
         _check_int32(cu_seqlens_q, "cu_seqlens_q", 1, "(batch + 1)")
@@ -368,14 +359,197 @@ def decode(
     elif q.dtype not in _checks.CPU_DTYPES:
         names = ", ".join(str(t).removeprefix("torch.") for t in _checks.CPU_DTYPES)
         raise TypeError(f"q: dtype {q.dtype} is not supported on CPU (supported: {names})")
-    o, lse = _ops.paged_decode(
-        q,
-        cu_seqlens_q,
-        *cache._tensors(),
-        block_tables,
-        seq_lens,
-        scale,
-        causal,
-        return_lse,
-    )
-    return (o, lse) if return_lse else o
+    return scale
+
+
+def _geometry(cache: PagedKVCache) -> tuple:
+    return (cache.format, cache.page_size, cache.kv_heads, cache.head_dim, cache.device)
+
+
+class DecodePlan:
+    """The launch plan of paged decode for one batch shape (FlashInfer's plan/run): made once per
+    batch step, or once per captured CUDA graph, and run once per layer.
+
+        plan = DecodePlan(cache, q, block_tables)      # q, block_tables: the shapes of the calls
+        o = plan.run(q, cache, block_tables, seq_lens)  # any layer's cache of that geometry
+
+    The plan fixes the calls' shapes (q, block_tables, cu_seqlens_q, the cache's format, page size,
+    kv heads, head dim), causal and softmax_scale, and picks the split-KV count for the longest
+    sequence it may see, max_seq_len (default block_tables.shape[1] * page_size). It owns the
+    split workspace, zeroed once here. The kernel splits each sequence by its own length on the
+    device, so one plan serves every page table and every length up to max_seq_len: run does no
+    host copy, sync or allocation (with out=), and a run captured in a CUDA graph replays with new
+    block_tables / seq_lens / cu_seqlens_q contents. Bad values are never read out of bounds: on
+    CUDA they give NaN rows and set the cache's error flag (cache.check_errors()); check_indices()
+    checks them on the host before a run, when the caller wants it. One run in flight per plan
+    (the workspace): use one plan per stream. num_splits forces the split count (1: no split).
+    """
+
+    def __init__(
+        self,
+        cache: PagedKVCache,
+        q: torch.Tensor,
+        block_tables: torch.Tensor,
+        cu_seqlens_q: torch.Tensor | None = None,
+        causal: bool = True,
+        softmax_scale: float | None = None,
+        max_seq_len: int | None = None,
+        num_splits: int | None = None,
+    ):
+        check_cache(cache)
+        batch = block_tables.shape[0] if isinstance(block_tables, torch.Tensor) else None
+        # The checks of a run, on stand-in lengths (only shapes are read).
+        lens = torch.zeros(batch or 0, dtype=torch.int32, device=cache.device)
+        self.softmax_scale = _check_query(
+            q, cache, block_tables, lens, softmax_scale, causal, cu_seqlens_q
+        )
+        self._scale_arg = softmax_scale  # as given, for the run's checks
+        self.causal = causal
+        self.varlen = cu_seqlens_q is not None
+        self.q_shape = tuple(q.shape)
+        self.block_tables_shape = tuple(block_tables.shape)
+        self.geometry = _geometry(cache)
+        capacity = block_tables.shape[1] * cache.page_size
+        if max_seq_len is None:
+            max_seq_len = capacity
+        for value, name in ((max_seq_len, "max_seq_len"), (num_splits, "num_splits")):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+        if not 0 <= max_seq_len <= capacity:
+            raise ValueError(
+                f"max_seq_len: expected a value in [0, block_tables.shape[1] * page_size = "
+                f"{capacity}], got {max_seq_len}"
+            )
+        if num_splits is not None and num_splits < 1:
+            raise ValueError(f"num_splits: expected a value >= 1, got {num_splits}")
+        self.max_seq_len = max_seq_len
+        self.num_splits = 1
+        self.workspace = None
+        if q.device.type == "cuda":
+            heads = q.shape[-2]
+            total_q = q.shape[0] if self.varlen else q.shape[0] * q.shape[1]
+            max_s_q = -1 if self.varlen else q.shape[1]
+            # The schedule of the capacity: a run's own max_len is block_tables' width, so the
+            # split count here must be the one it would pick for max_seq_len.
+            n, _, ws = _ops.paged_decode_schedule(
+                batch, total_q, heads, cache.kv_heads, cache.head_dim, cache.format == "nvfp4",
+                max_s_q, max(max_seq_len, 1), num_splits or 0,
+            )  # fmt: skip
+            self.num_splits = n
+            if ws:
+                self.workspace = torch.zeros(ws, dtype=torch.uint8, device=q.device)
+
+    def _check_run(self, q, cache, block_tables, cu_seqlens_q) -> None:
+        if tuple(q.shape) != self.q_shape:
+            raise ValueError(f"q: shape {tuple(q.shape)} differs from the plan's {self.q_shape}")
+        if tuple(block_tables.shape) != self.block_tables_shape:
+            raise ValueError(
+                f"block_tables: shape {tuple(block_tables.shape)} differs from the plan's "
+                f"{self.block_tables_shape}"
+            )
+        if (cu_seqlens_q is not None) != self.varlen:
+            raise ValueError(
+                "cu_seqlens_q: the plan was made "
+                + ("with" if self.varlen else "without")
+                + " cu_seqlens_q"
+            )
+        if _geometry(cache) != self.geometry:
+            raise ValueError(
+                f"cache: (format, page_size, kv_heads, head_dim, device) {_geometry(cache)} "
+                f"differs from the plan's {self.geometry}"
+            )
+
+    def run(
+        self,
+        q: torch.Tensor,
+        cache: PagedKVCache,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        cu_seqlens_q: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+        lse: torch.Tensor | None = None,
+        return_lse: bool = False,
+    ):
+        """decode() on the plan's shapes: o (and lse with return_lse); out/lse: the caller's
+        output tensors (o like q, lse float32 [batch, heads, s_q] or [heads, total_q]), written in
+        place and returned, so that the call allocates nothing."""
+        _checks.check_bool(return_lse, "return_lse")
+        _check_query(q, cache, block_tables, seq_lens, self._scale_arg, self.causal, cu_seqlens_q)
+        self._check_run(q, cache, block_tables, cu_seqlens_q)
+        args = (q, cu_seqlens_q, *cache._tensors(), block_tables, seq_lens, self.softmax_scale,
+                self.causal)  # fmt: skip
+        tail = (self.workspace, self.num_splits, cache.errors)
+        if out is None and lse is None:
+            o, l_out = _ops.paged_decode(*args, return_lse, *tail)
+            return (o, l_out) if return_lse else o
+        o = _check_output(out, q, "out") if out is not None else torch.empty_like(q)
+        if lse is not None:
+            heads = q.shape[-2]
+            want = (heads, q.shape[0]) if self.varlen else (q.shape[0], heads, q.shape[1])
+            _check_output(lse, q, "lse", torch.float32, want)
+        elif return_lse:
+            raise ValueError("lse: return_lse with out= needs the lse tensor too")
+        _ops.paged_decode_into(*args, o, lse, *tail)
+        return (o, lse) if lse is not None else o
+
+    def check_indices(
+        self,
+        q: torch.Tensor,
+        cache: PagedKVCache,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        cu_seqlens_q: torch.Tensor | None = None,
+    ) -> None:
+        """Checks page ids, lengths and cu_seqlens_q of a run's arguments on the host (copies the
+        indices: a sync), raising ValueError naming the first bad entry, as the CPU path does on
+        every call."""
+        _check_query(q, cache, block_tables, seq_lens, self._scale_arg, self.causal, cu_seqlens_q)
+        self._check_run(q, cache, block_tables, cu_seqlens_q)
+        _ops.paged_check_indices(q, cu_seqlens_q, cache._tensors(), block_tables, seq_lens)
+
+
+def _check_output(t, q, name, dtype=None, shape=None):
+    """A caller's output tensor: q's device, the dtype and shape given (q's by default)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    dtype = q.dtype if dtype is None else dtype
+    shape = tuple(q.shape) if shape is None else tuple(shape)
+    if t.dtype != dtype or tuple(t.shape) != shape:
+        raise ValueError(
+            f"{name}: expected {str(dtype).removeprefix('torch.')} of shape {shape}, got "
+            f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)}"
+        )
+    _checks.check_device(t, name, q, "q")
+    _checks.check_last_dim_contiguous(t, name)
+    return t
+
+
+def decode(
+    q: torch.Tensor,
+    cache: PagedKVCache,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    cu_seqlens_q: torch.Tensor | None = None,
+    return_lse: bool = False,
+):
+    """Attention of new queries over the paged cache (decode, speculative decode, prefill/extend).
+
+    q [batch, s_q, heads, head_dim] (every sequence has s_q queries), or [total_q, heads,
+    head_dim] with cu_seqlens_q int32 [batch + 1] (FlashAttention's cu_seqlens, FlashInfer's
+    qo_indptr); CPU float16/bfloat16/float32/float64. block_tables int32 [batch, max_pages] (page
+    ids in order; entries past a sequence's last page are not read), seq_lens int32 [batch]
+    (cached tokens, the queries' own K/V included: append them first). heads % kv_heads == 0.
+    causal is bottom-right aligned: query i of s_q sees key j iff j <= i + seq_len - s_q.
+    Returns o like q, and with return_lse also lse float32 (natural log), [batch, heads, s_q]
+    or [heads, total_q] for varlen; a query without visible keys gets o = 0, lse = +inf.
+
+    CPU: the golden paged attention (float64 over the decoded cache), which raises on a bad page
+    id, length or cu_seqlens_q. CUDA: the decode kernel (docs/kernels/decode.md), bfloat16 q and
+    o, through a DecodePlan made for this call: no host copy or sync, so a bad index gives NaN
+    rows and sets the cache's error flag (cache.check_errors()). An engine that calls decode per
+    layer makes the DecodePlan once per step instead (and can capture run in a CUDA graph).
+    """
+    plan = DecodePlan(cache, q, block_tables, cu_seqlens_q, causal, softmax_scale)
+    return plan.run(q, cache, block_tables, seq_lens, cu_seqlens_q, return_lse=return_lse)

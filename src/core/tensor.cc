@@ -27,6 +27,8 @@ const char* dtype_name(DType t) {
       return "float8_e5m2";
     case DType::kI32:
       return "int32";
+    case DType::kI64:
+      return "int64";
   }
   return "unknown";
 }
@@ -34,6 +36,7 @@ const char* dtype_name(DType t) {
 int dtype_size(DType t) {
   switch (t) {
     case DType::kF64:
+    case DType::kI64:
       return 8;
     case DType::kF32:
     case DType::kI32:

@@ -78,13 +78,19 @@ void repack_to_operand_cuda_py(const Array& packed, const Array& scales, const s
                                         to_view(scale, "scale"), TensorView{}, stream_arg(stream)));
 }
 
-// The GPU append of the paged KV cache (paged_kv_cuda.h). slot_mapping_host: an optional host copy
-// of slot_mapping whose values are checked before any launch.
+int32_t* flag_arg(const OptArray& flag) {
+  return flag ? static_cast<int32_t*>(flag->data()) : nullptr;
+}
+
+// The GPU append of the paged KV cache (paged_kv_cuda.h): slot_mapping int32 or int64 read as
+// is; error_flag (int32 [1], optional) gets the device error bits; scratch (>= 16 bytes,
+// optional) is the calibration's, so that the call allocates nothing.
 void paged_kv_append_cuda_py(const Array& k, const Array& v, const Array& slot_mapping,
                              const Array& k_data, const Array& v_data, const OptArray& k_scales,
                              const OptArray& v_scales, const Array& k_global, const Array& v_global,
                              const std::string& format, const std::string& rule,
-                             const OptArray& slot_mapping_host, bool calibrate, uintptr_t stream) {
+                             const OptArray& error_flag, const OptArray& scratch, bool calibrate,
+                             uintptr_t stream) {
   require_cuda({{&k, "k"},
                 {&v, "v"},
                 {&slot_mapping, "slot_mapping"},
@@ -94,25 +100,33 @@ void paged_kv_append_cuda_py(const Array& k, const Array& v, const Array& slot_m
                 {&v_global, "v_global"}});
   if (k_scales) require_cuda({{&k, "k"}, {&*k_scales, "k_scales"}});
   if (v_scales) require_cuda({{&k, "k"}, {&*v_scales, "v_scales"}});
-  if (slot_mapping_host) require_host({{&*slot_mapping_host, "slot_mapping_host"}});
+  if (error_flag) require_cuda({{&k, "k"}, {&*error_flag, "error_flag"}});
+  if (scratch) require_cuda({{&k, "k"}, {&*scratch, "scratch"}});
+  if (scratch && scratch->nbytes() < kPagedAppendScratchBytes) {
+    throw nb::value_error("scratch: expected at least 16 bytes");
+  }
   const PagedKvCache cache =
       paged_cache_arg(k_data, v_data, k_scales, v_scales, k_global, v_global, format, rule);
   PagedAppendCudaOptions opt;
-  opt.slot_mapping_host = optional_view(slot_mapping_host, "slot_mapping_host");
+  opt.error_flag = flag_arg(error_flag);
+  opt.scratch = scratch ? scratch->data() : nullptr;
   opt.calibrate = calibrate;
   throw_if_error(paged_kv_append_cuda(to_view(k, "k"), to_view(v, "v"),
                                       to_view(slot_mapping, "slot_mapping"), cache, opt,
                                       stream_arg(stream)));
 }
 
+// The GPU decode (paged_attention_cuda.h) with no host copies: the indices are read on the
+// device only (bad ones give NaN rows and error_flag bits). workspace (optional): zeroed once
+// by its owner and then used by this function only, one call in flight (workspace_is_clean);
+// num_splits as PagedAttentionCudaOptions::num_splits.
 void paged_attention_cuda_py(const Array& q, const OptArray& cu_seqlens_q, const Array& k_data,
                              const Array& v_data, const OptArray& k_scales,
                              const OptArray& v_scales, const Array& k_global, const Array& v_global,
                              const std::string& format, const Array& block_tables,
                              const Array& seq_lens, double softmax_scale, bool causal,
-                             const Array& o, const OptArray& lse, const Array& block_tables_host,
-                             const Array& seq_lens_host, const OptArray& cu_seqlens_q_host,
-                             uintptr_t stream) {
+                             const Array& o, const OptArray& lse, const OptArray& workspace,
+                             int num_splits, const OptArray& error_flag, uintptr_t stream) {
   require_cuda({{&q, "q"},
                 {&k_data, "k_data"},
                 {&v_data, "v_data"},
@@ -125,17 +139,21 @@ void paged_attention_cuda_py(const Array& q, const OptArray& cu_seqlens_q, const
   if (k_scales) require_cuda({{&q, "q"}, {&*k_scales, "k_scales"}});
   if (v_scales) require_cuda({{&q, "q"}, {&*v_scales, "v_scales"}});
   if (lse) require_cuda({{&q, "q"}, {&*lse, "lse"}});
-  require_host({{&block_tables_host, "block_tables_host"}, {&seq_lens_host, "seq_lens_host"}});
-  if (cu_seqlens_q_host) require_host({{&*cu_seqlens_q_host, "cu_seqlens_q_host"}});
+  if (workspace) require_cuda({{&q, "q"}, {&*workspace, "workspace"}});
+  if (error_flag) require_cuda({{&q, "q"}, {&*error_flag, "error_flag"}});
   const PagedKvCache cache =
       paged_cache_arg(k_data, v_data, k_scales, v_scales, k_global, v_global, format, "nearest");
   PagedAttentionOptions opt;
   opt.softmax_scale = softmax_scale;
   opt.causal = causal;
-  PagedAttentionCudaOptions copt;  // host copies: page ids and lengths checked before launch
-  copt.block_tables_host = to_view(block_tables_host, "block_tables_host");
-  copt.seq_lens_host = to_view(seq_lens_host, "seq_lens_host");
-  copt.cu_seqlens_q_host = optional_view(cu_seqlens_q_host, "cu_seqlens_q_host");
+  PagedAttentionCudaOptions copt;
+  copt.num_splits = num_splits;
+  copt.error_flag = flag_arg(error_flag);
+  if (workspace) {
+    copt.workspace = workspace->data();
+    copt.workspace_bytes = workspace->nbytes();
+    copt.workspace_is_clean = true;
+  }
   throw_if_error(paged_attention_cuda(to_view(q, "q"), optional_view(cu_seqlens_q, "cu_seqlens_q"),
                                       cache, to_view(block_tables, "block_tables"),
                                       to_view(seq_lens, "seq_lens"), opt, to_view(o, "o"),
@@ -263,15 +281,26 @@ void bind_cuda(nb::module_& m) {
         arg("stream"), "GPU bit-exact fold of packed FP4 into a Q/K kernel operand, on `stream`.");
   m.def("paged_kv_append_cuda", &paged_kv_append_cuda_py, arg("k"), arg("v"), arg("slot_mapping"),
         arg("k_data"), arg("v_data"), arg("k_scales").none(), arg("v_scales").none(),
-        arg("k_global"), arg("v_global"), arg("format"), arg("rule"),
-        arg("slot_mapping_host").none(), arg("calibrate"), arg("stream"),
+        arg("k_global"), arg("v_global"), arg("format"), arg("rule"), arg("error_flag").none(),
+        arg("scratch").none(), arg("calibrate"), arg("stream"),
         "GPU append of the paged KV cache (the host append's bytes), launched on `stream`.");
   m.def("paged_attention_cuda", &paged_attention_cuda_py, arg("q"), arg("cu_seqlens_q").none(),
         arg("k_data"), arg("v_data"), arg("k_scales").none(), arg("v_scales").none(),
         arg("k_global"), arg("v_global"), arg("format"), arg("block_tables"), arg("seq_lens"),
-        arg("softmax_scale"), arg("causal"), arg("o"), arg("lse").none(), arg("block_tables_host"),
-        arg("seq_lens_host"), arg("cu_seqlens_q_host").none(), arg("stream"),
-        "GPU decode over the paged cache (paged_attention_cuda), on `stream`.");
+        arg("softmax_scale"), arg("causal"), arg("o"), arg("lse").none(), arg("workspace").none(),
+        arg("num_splits"), arg("error_flag").none(), arg("stream"),
+        "GPU decode over the paged cache (paged_attention_cuda), on `stream`; no host copy.");
+  m.def(
+      "paged_decode_schedule",
+      [](int64_t b, int64_t total_q, int64_t h, int64_t kv_heads, int64_t head_dim, bool nvfp4,
+         int64_t max_s_q, int64_t max_len, int forced) {
+        const PagedDecodeSchedule s = paged_decode_schedule(b, total_q, h, kv_heads, head_dim,
+                                                            nvfp4, max_s_q, max_len, forced);
+        return nb::make_tuple(s.num_splits, s.split_size, s.workspace_bytes);
+      },
+      arg("b"), arg("total_q"), arg("h"), arg("kv_heads"), arg("head_dim"), arg("nvfp4"),
+      arg("max_s_q"), arg("max_len"), arg("forced"),
+      "(num_splits, split_size, workspace_bytes) paged_attention_cuda uses for these shapes.");
   m.def("attention_cuda", &attention_cuda, arg("q"), arg("k"), arg("v"), arg("o"),
         arg("lse").none(), arg("recipe"), arg("softmax_scale"), arg("causal"), arg("stream"),
         arg("row_max").none() = nb::none(),

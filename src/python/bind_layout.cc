@@ -10,6 +10,7 @@
 
 #include "fp4attn/numerics/quantize.h"
 #include "fp4attn/operands.h"
+#include "fp4attn/paged_kv.h"
 #include "fp4attn/recipe.h"
 #include "python/args.h"
 #include "python/bindings.h"
@@ -50,6 +51,10 @@ void bind_layout(nb::module_& m) {
   nb::list rules;  // the names scale_rule_arg takes, in its order
   for (Nvfp4ScaleRule r : kNvfp4ScaleRules) rules.append(scale_rule_name(r));
   m.attr("NVFP4_SCALE_RULES") = nb::tuple(rules);
+  nb::dict paged_errors;  // device error flag bit -> what it means (paged_kv.h)
+  for (PagedError e : kPagedErrors)
+    paged_errors[nb::int_(static_cast<int>(e))] = paged_error_description(e);
+  m.attr("PAGED_ERRORS") = paged_errors;
 
   m.def("operand_v_pitch", &operand_v_pitch, arg("seqlen"),
         "Tokens of a V^T row: seqlen rounded up to OPERAND_TOKEN_PAD.");

@@ -10,6 +10,7 @@
 #include "python/args.h"
 #include "python/bindings.h"
 #include "python/status_error.h"
+#include "validate/validate_paged.h"
 
 namespace fp4attn::py {
 namespace {
@@ -91,6 +92,28 @@ void golden_paged_attention_host(const Array& q, const OptArray& cu_seqlens_q, c
   throw_if_error(st);
 }
 
+// The host value checks of the attention indices (validate_paged_indices): block_tables,
+// seq_lens and cu_seqlens_q in host memory; q and the cache on any device (only their shapes
+// are read).
+void paged_check_indices_host(const Array& q, const OptArray& cu_seqlens_q, const Array& k_data,
+                              const Array& v_data, const OptArray& k_scales,
+                              const OptArray& v_scales, const Array& k_global,
+                              const Array& v_global, const std::string& format,
+                              const Array& block_tables, const Array& seq_lens) {
+  require_host({{&block_tables, "block_tables"}, {&seq_lens, "seq_lens"}});
+  if (cu_seqlens_q) require_host({{&*cu_seqlens_q, "cu_seqlens_q"}});
+  const PagedKvCache cache =
+      paged_cache_arg(k_data, v_data, k_scales, v_scales, k_global, v_global, format, "nearest");
+  PagedKvShape kv;
+  throw_if_error(validate_paged_kv_cache(cache, {}, /*writable=*/false, &kv));
+  PagedQueryShape qs;
+  const TensorView cu = optional_view(cu_seqlens_q, "cu_seqlens_q");
+  const TensorView bt = to_view(block_tables, "block_tables");
+  const TensorView sl = to_view(seq_lens, "seq_lens");
+  throw_if_error(validate_paged_attention(to_view(q, "q"), cu, bt, sl, {}, {}, kv, &qs));
+  throw_if_error(validate_paged_indices(cu, bt, sl, kv, qs));
+}
+
 }  // namespace
 
 void bind_paged(nb::module_& m) {
@@ -109,6 +132,11 @@ void bind_paged(nb::module_& m) {
         arg("v_scales").none(), arg("k_global"), arg("v_global"), arg("format"),
         arg("block_tables"), arg("seq_lens"), arg("softmax_scale"), arg("causal"), arg("o"),
         arg("lse").none(), "The golden paged attention (float64 on the decoded cache).");
+  m.def("paged_check_indices_host", &paged_check_indices_host, arg("q"), arg("cu_seqlens_q").none(),
+        arg("k_data"), arg("v_data"), arg("k_scales").none(), arg("v_scales").none(),
+        arg("k_global"), arg("v_global"), arg("format"), arg("block_tables"), arg("seq_lens"),
+        "Raises ValueError naming the first bad page id, length or cu_seqlens_q entry (host "
+        "copies of the indices; q and the cache only give shapes).");
 }
 
 }  // namespace fp4attn::py

@@ -25,7 +25,7 @@ float written_amax(const TensorView& t, const TensorView& slots) {
   std::vector<float> row(t.shape[2]);
   float amax = 0.f;
   for (int64_t i = 0; i < t.shape[0]; ++i) {
-    if (slots.as<const int32_t>()[i * slots.stride[0]] < 0) continue;
+    if (slot_at(slots, i) < 0) continue;
     for (int64_t hk = 0; hk < t.shape[1]; ++hk) {
       load_row(t, i, hk, row.data());
       amax = std::max(amax, finite_amax(row.data(), t.shape[2]));
@@ -62,7 +62,7 @@ void write_side(const PagedKvCache& c, bool is_v, const TensorView& x, const Ten
   const float inv = c.format == KvCacheFormat::kFp8 ? paged_kv_fp8_inverse(global) : 0.f;
   std::vector<float> row(d);
   for (int64_t i = 0; i < x.shape[0]; ++i) {
-    const int64_t slot = slots.as<const int32_t>()[i * slots.stride[0]];
+    const int64_t slot = slot_at(slots, i);
     if (slot < 0) continue;
     const int64_t page = slot / page_size, offset = slot % page_size;
     for (int64_t hk = 0; hk < x.shape[1]; ++hk) {
@@ -89,7 +89,7 @@ Status paged_kv_append(const TensorView& k, const TensorView& v, const TensorVie
   FP4ATTN_RETURN_IF_ERROR(validate_slot_values(slot_mapping, kv));
   bool any_written = false;
   for (int64_t i = 0; i < n && !any_written; ++i) {
-    any_written = slot_mapping.as<const int32_t>()[i * slot_mapping.stride[0]] >= 0;
+    any_written = slot_at(slot_mapping, i) >= 0;
   }
   float gk = 0, gv = 0;
   FP4ATTN_RETURN_IF_ERROR(

@@ -129,17 +129,23 @@ Status validate_paged_append(const TensorView& k, const TensorView& v,
   FP4ATTN_RETURN_IF_ERROR(check_shape(k, "k", {n, kv.kv_heads, kv.head_dim}, "for the cache"));
   FP4ATTN_RETURN_IF_ERROR(check_shape(v, "v", {n, kv.kv_heads, kv.head_dim}, "like k"));
   FP4ATTN_RETURN_IF_ERROR(
-      check_tensor(slot_mapping, "slot_mapping", 1, "(num_tokens)", {DType::kI32}));
+      check_tensor(slot_mapping, "slot_mapping", 1, "(num_tokens)", {DType::kI32, DType::kI64}));
   FP4ATTN_RETURN_IF_ERROR(check_shape(slot_mapping, "slot_mapping", {n}, "(one slot per token)"));
   *num_tokens = n;
   return Status::Ok();
+}
+
+int64_t slot_at(const TensorView& slot_mapping, int64_t i) {
+  const int64_t at = i * slot_mapping.stride[0];
+  return slot_mapping.dtype == DType::kI64 ? slot_mapping.as<const int64_t>()[at]
+                                           : slot_mapping.as<const int32_t>()[at];
 }
 
 Status validate_slot_values(const TensorView& slot_mapping, const PagedKvShape& kv) {
   const int64_t n = slot_mapping.shape[0], slots = kv.num_pages * kv.page_size;
   std::vector<std::pair<int64_t, int64_t>> used;  // (slot, token): sorted to find repeats
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t slot = at1(slot_mapping, i);
+    const int64_t slot = slot_at(slot_mapping, i);
     if (slot < 0) continue;
     if (slot >= slots) {
       std::ostringstream s;

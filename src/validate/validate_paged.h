@@ -26,11 +26,14 @@ struct PagedKvShape {
 Status validate_paged_kv_cache(const PagedKvCache& cache, std::initializer_list<int> allowed_d,
                                bool writable, PagedKvShape* shape);
 
-// k, v [num_tokens, kv_heads, head_dim] (BF16/FP16/F32) matching the cache; slot_mapping I32
-// [num_tokens]. Fills *num_tokens.
+// k, v [num_tokens, kv_heads, head_dim] (BF16/FP16/F32) matching the cache; slot_mapping I32 or
+// I64 [num_tokens] (vLLM passes int64). Fills *num_tokens.
 Status validate_paged_append(const TensorView& k, const TensorView& v,
                              const TensorView& slot_mapping, const PagedKvShape& kv,
                              int64_t* num_tokens);
+
+// Slot i of an I32 or I64 slot_mapping (host memory), read at its full width.
+int64_t slot_at(const TensorView& slot_mapping, int64_t i);
 
 // Slot values (host memory): < num_pages * page_size; negative = skipped; no slot twice.
 Status validate_slot_values(const TensorView& slot_mapping, const PagedKvShape& kv);

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import fp4attn
-from fp4attn import PagedKVCache, append_kv, decode
+from fp4attn import DecodePlan, PagedKVCache, append_kv, decode
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
 
@@ -294,10 +294,14 @@ def test_bad_arguments_name_the_argument():
         append_kv(cache, k, k, torch.tensor([5, 32], dtype=torch.int32))
     with pytest.raises(ValueError, match="slot_mapping"):  # one slot twice in a call
         append_kv(cache, k, k, torch.tensor([7, 7], dtype=torch.int32))
-    # int64 slots outside int32's range must not wrap onto a real slot (-2**32 + 3 -> 3).
-    for bad in (-(2**32), -(2**32) + 3, -(2**63), 2**32 + 5):
-        with pytest.raises(ValueError, match="^slot_mapping: slot -?[0-9]+ is (below|past)"):
+    # int64 slots are read at full width: past the cache (also beyond int32) is an error...
+    for bad in (32, 2**32 + 5, 2**63 - 1):
+        with pytest.raises(ValueError, match=f"^slot_mapping\\[1\\]: slot {bad} is out of range"):
             append_kv(cache, k, k, torch.tensor([5, bad], dtype=torch.int64))
+    # ...and any negative slot is padding, never wrapped onto a real slot (-2**32 + 3 -> 3).
+    fresh = PagedKVCache.empty(2, 16, 2, 64, format="fp8", k_global=0.05, v_global=0.05)
+    append_kv(fresh, k, k, torch.tensor([-(2**32) + 3, -(2**63)], dtype=torch.int64))
+    assert int(fresh.k_data.view(torch.uint8).count_nonzero()) == 0
     with pytest.raises(ValueError, match="^head_dim: head_dim 96 is not supported"):
         PagedKVCache.empty(2, 16, 2, 96)
     with pytest.raises(ValueError, match="^format: expected one of nvfp4, fp8"):
@@ -338,18 +342,19 @@ def _to_cuda(cache):
         cache.k_global.cuda(),
         cache.v_global.cuda(),
         cache.format,
+        errors=torch.zeros(1, dtype=torch.int32, device="cuda"),
     )
 
 
 @pytest.mark.skipif(not fp4attn.cuda_available(), reason="needs a CUDA GPU and a CUDA build")
 @pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
-@pytest.mark.parametrize("s_q", [1, 3])
-def test_cuda_decode_matches_the_golden_model(fmt, s_q):
+@pytest.mark.parametrize("s_q, d", [(1, 128), (3, 128), (4, 128), (1, 64), (4, 64)])
+def test_cuda_decode_matches_the_golden_model(fmt, s_q, d):
     # The kernel's tolerance (docs/kernels/decode.md 7.4): P and O rounded to BF16,
-    # 2^-7 * max|v| + 2^-7 * |o| per element; the LSE within 1e-3.
+    # 2^-7 * max|v| + 2^-7 * |o| per element; the LSE within 1e-3. s_q 4: speculative decode.
     lens = [1, 37, 130, 5]
-    cache, tables, seq_lens = _build(fmt, 16, lens, 2, 128, seed=40 + s_q)
-    q = torch.randn(len(lens), s_q, 8, 128, generator=torch.Generator().manual_seed(41))
+    cache, tables, seq_lens = _build(fmt, 16, lens, 2, d, seed=40 + s_q)
+    q = torch.randn(len(lens), s_q, 8, d, generator=torch.Generator().manual_seed(41))
     q = q.bfloat16()
     want_o, want_lse = decode(q.float(), cache, tables, seq_lens, return_lse=True)
     got_o, got_lse = decode(q.cuda(), _to_cuda(cache), tables.cuda(), seq_lens.cuda(),
@@ -364,10 +369,21 @@ def test_cuda_decode_matches_the_golden_model(fmt, s_q):
     assert float((got_lse.cpu()[finite] - want_lse[finite]).abs().max()) <= 1e-3
     with pytest.raises(TypeError, match="^q: dtype torch.float32 is not supported on CUDA"):
         decode(q.float().cuda(), _to_cuda(cache), tables.cuda(), seq_lens.cuda())
+    # A bad page id is not read: its sequence's rows are NaN, the others are untouched, the
+    # cache's error flag says so (no host sync in decode); check_indices finds it on the host.
     bad = tables.clone()
     bad[1, 0] = 999
-    with pytest.raises(ValueError, match="block_tables"):
-        decode(q.cuda(), _to_cuda(cache), bad.cuda(), seq_lens.cuda())
+    dev = _to_cuda(cache)
+    o_bad = decode(q.cuda(), dev, bad.cuda(), seq_lens.cuda())
+    assert torch.isnan(o_bad[1].float()).all()
+    assert torch.equal(o_bad[[0, 2, 3]], got_o[[0, 2, 3]])
+    with pytest.raises(ValueError, match="block_tables: a page id outside"):
+        dev.check_errors()
+    dev.check_errors()  # cleared
+    plan = DecodePlan(dev, q.cuda(), bad.cuda())
+    with pytest.raises(ValueError, match=r"^block_tables\[1, 0\]: page id 999"):
+        plan.check_indices(q.cuda(), dev, bad.cuda(), seq_lens.cuda())
+    plan.check_indices(q.cuda(), dev, tables.cuda(), seq_lens.cuda())
 
 
 def test_docs_example_runs():
@@ -394,13 +410,17 @@ def test_paged_ops_are_custom_ops():
     )
     k, v = _tokens(20, 2, 64, seed=1), _tokens(20, 2, 64, seed=2)
     slots = torch.arange(20, dtype=torch.int32)
-    torch.library.opcheck(_ops.paged_kv_append, (k, v, slots, *cache._tensors(), cache.rule))
+    torch.library.opcheck(
+        _ops.paged_kv_append, (k, v, slots, *cache._tensors(), cache.rule, cache.errors)
+    )
     append_kv(cache, k, v, slots)
     tables, seq_lens = torch.tensor([[2, 0]], dtype=torch.int32), torch.tensor([20], dtype=torch.int32)
     q = _tokens(3, 4, 64, seed=3).unsqueeze(0)  # [1, s_q = 3, heads 4, 64]
     args = (q, None, *cache._tensors(), tables, seq_lens, 0.0, True)
     for return_lse in (False, True):
-        torch.library.opcheck(_ops.paged_decode, (*args, return_lse))
+        torch.library.opcheck(_ops.paged_decode, (*args, return_lse, None, 1, cache.errors))
+    o, lse = torch.empty_like(q), torch.empty(1, 4, 3)
+    torch.library.opcheck(_ops.paged_decode_into, (*args, o, lse, None, 1, cache.errors))
     compiled = torch.compile(
         lambda q: decode(q, cache, tables, seq_lens, return_lse=True), backend="eager",
         fullgraph=True,
@@ -410,13 +430,17 @@ def test_paged_ops_are_custom_ops():
 
 
 @pytest.mark.skipif(not fp4attn.cuda_available(), reason="needs a CUDA GPU and a CUDA build")
-def test_cuda_int64_slots_outside_int32_are_not_written():
-    # On CUDA nothing syncs to check slot values: an int64 slot outside int32's range must be
-    # skipped like a slot past the cache, not wrap onto slot 0 or 3.
+def test_cuda_int64_slots_are_read_at_full_width():
+    # On CUDA nothing syncs to check slot values: a negative int64 slot (any magnitude) is
+    # padding, skipped silently; one past the cache (beyond int32 too) is skipped and flagged;
+    # nothing wraps onto slot 0 or 3.
     cache = _to_cuda(PagedKVCache.empty(2, 16, 2, 64, format="fp8", k_global=0.05, v_global=0.05))
     k = torch.randn(3, 2, 64, dtype=torch.bfloat16, device="cuda")
-    append_kv(cache, k, k, torch.tensor([-(2**32), -(2**32) + 3, 2**32 + 5], device="cuda"))
-    torch.cuda.synchronize()
-    assert int(cache.k_data.count_nonzero()) == 0 and int(cache.v_data.count_nonzero()) == 0
+    append_kv(cache, k, k, torch.tensor([-(2**32), -(2**32) + 3, -1], device="cuda"))
+    cache.check_errors()  # padding is no error
+    append_kv(cache, k[:1], k[:1], torch.tensor([2**32], device="cuda"))
+    with pytest.raises(ValueError, match="slot_mapping: a slot >= num_pages"):
+        cache.check_errors()
+    assert int(cache.k_data.view(torch.uint8).count_nonzero()) == 0
     append_kv(cache, k[:1], k[:1], torch.tensor([3], device="cuda"))  # a real slot is written
-    assert int(cache.k_data[0, 3].count_nonzero()) > 0
+    assert int(cache.k_data[0, 3].view(torch.uint8).count_nonzero()) > 0

@@ -15,10 +15,10 @@ namespace fp4attn {
 // ---- Host reference (src/reference/paged_kv_*.cc) ----------------------------------------------
 
 // Writes new tokens into their slots. k, v: [num_tokens, kv_heads, head_dim] BF16, FP16 or F32
-// (vLLM's key/value layout); slot_mapping: I32 [num_tokens], slot = page * page_size + offset, a
-// negative slot skips the token (padding, as vLLM), a slot >= num_pages * page_size or a slot
-// written twice in one call is an error. An uncalibrated global (0) is first set from the tokens
-// this call writes (K and V separately; none written: stays 0). Host memory only.
+// (vLLM's key/value layout); slot_mapping: I32 or I64 [num_tokens], slot = page * page_size +
+// offset, a negative slot skips the token (padding, as vLLM), a slot >= num_pages * page_size or a
+// slot written twice in one call is an error. An uncalibrated global (0) is first set from the
+// tokens this call writes (K and V separately; none written: stays 0). Host memory only.
 Status paged_kv_append(const TensorView& k, const TensorView& v, const TensorView& slot_mapping,
                        const PagedKvCache& cache);
 

@@ -54,6 +54,14 @@ Status cuda_status(cudaError_t e, const char* what) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The 16-row blocks per (sequence, kv head) in the grid: varlen without host copies (max_sq < 0)
+// takes one, the CTA loops over the rest.
+int64_t row_blocks_of(int64_t max_sq, int64_t group) {
+  return max_sq < 0 ? 1 : std::max<int64_t>(1, ceil_div(max_sq * group, 16));
+}
+// Every sequence has <= 8 query rows per kv head: the transposed kernel.
+bool transposed_of(int64_t max_sq, int64_t group) { return max_sq >= 0 && max_sq * group <= 8; }
+
 // The kernel adds 32-bit offsets inside a page (token and head strides, the lane's chunk): the
 // largest must fit.
 Status check_in_page(const TensorView& t, const char* name) {
@@ -72,6 +80,7 @@ struct Plan {
   PagedQueryShape qs;
   DecodeParams p;
   int64_t max_len;  // from seq_lens_host, else max_pages * page_size
+  int64_t max_sq;   // the longest query chunk; -1: varlen without host copies (unknown)
   int64_t row_blocks;
   bool transposed;  // every sequence has <= 8 rows per kv head: the transposed kernel
 };
@@ -146,9 +155,9 @@ Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedK
     }
   }
   const int64_t group = qs.h / kv.kv_heads;
-  // Varlen without host copies: one row block in the grid, the CTA loops over the rest.
-  plan->row_blocks = max_sq < 0 ? 1 : std::max<int64_t>(1, ceil_div(max_sq * group, 16));
-  plan->transposed = max_sq >= 0 && max_sq * group <= 8;
+  plan->max_sq = max_sq;
+  plan->row_blocks = row_blocks_of(max_sq, group);
+  plan->transposed = transposed_of(max_sq, group);
   if (kv.kv_heads * plan->row_blocks > kMaxGridYz || qs.b > kMaxGridYz) {
     return Status::Unsupported("q: batch " + std::to_string(qs.b) + " or kv_heads x row blocks " +
                                std::to_string(kv.kv_heads * plan->row_blocks) +
@@ -201,6 +210,7 @@ Status prepare(const TensorView& q, const TensorView& cu_seqlens_q, const PagedK
   p.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
   p.causal = opt.causal;
   p.row_blocks = static_cast<int32_t>(plan->row_blocks);
+  p.error_flag = copt.error_flag;
   return Status::Ok();
 }
 
@@ -311,6 +321,19 @@ size_t paged_attention_workspace_bytes(int64_t num_splits, int64_t total_q, int6
   return round256(o_bytes) + round256(l_bytes) + sizeof(int32_t) * total_q * h;
 }
 
+PagedDecodeSchedule paged_decode_schedule(int64_t b, int64_t total_q, int64_t h, int64_t kv_heads,
+                                          int64_t head_dim, bool nvfp4, int64_t max_s_q,
+                                          int64_t max_len, int forced) {
+  PagedDecodeSchedule s;
+  const int64_t group = std::max<int64_t>(h / std::max<int64_t>(kv_heads, 1), 1);
+  const bool transposed = transposed_of(max_s_q, group);
+  paged_attention_split_plan(b, kv_heads, row_blocks_of(max_s_q, group), max_len, forced,
+                             &s.num_splits, &s.split_size,
+                             paged_decode_ctas_per_sm(head_dim, nvfp4, transposed ? 8 : 16));
+  s.workspace_bytes = paged_attention_workspace_bytes(s.num_splits, total_q, h, head_dim);
+  return s;
+}
+
 Status paged_attention_cuda(const TensorView& q, const TensorView& cu_seqlens_q,
                             const PagedKvCache& cache, const TensorView& block_tables,
                             const TensorView& seq_lens, const PagedAttentionOptions& opt,
@@ -324,15 +347,14 @@ Status paged_attention_cuda(const TensorView& q, const TensorView& cu_seqlens_q,
                            std::to_string(copt.num_splits));
   }
   if (empty_problem(plan)) return Status::Ok();
-  int64_t splits = 1, split_size = 1;
-  paged_attention_split_plan(
-      plan.qs.b, plan.kv.kv_heads, plan.row_blocks, plan.max_len, copt.num_splits, &splits,
-      &split_size,
-      paged_decode_ctas_per_sm(plan.kv.head_dim, cache.format == KvCacheFormat::kNvfp4,
-                               plan.transposed ? 8 : 16));
+  const PagedDecodeSchedule sched = paged_decode_schedule(
+      plan.qs.b, plan.qs.total_q, plan.qs.h, plan.kv.kv_heads, plan.kv.head_dim,
+      cache.format == KvCacheFormat::kNvfp4, plan.max_sq, plan.max_len, copt.num_splits);
+  const int64_t splits = sched.num_splits;
   DecodeParams p = plan.p;
-  p.split_size = static_cast<int32_t>(split_size);
+  p.split_size = static_cast<int32_t>(sched.split_size);
   p.num_splits = static_cast<int32_t>(splits);
+  p.split_per_seq = true;
   const bool fp4 = cache.format == KvCacheFormat::kNvfp4;
   const bool varlen = plan.qs.varlen;
   // Output strides as (batch or row, token, head).
@@ -354,7 +376,7 @@ Status paged_attention_cuda(const TensorView& q, const TensorView& cu_seqlens_q,
   }
 
   const int64_t h = plan.qs.h, d = plan.kv.head_dim, tq = plan.qs.total_q;
-  const size_t need = paged_attention_workspace_bytes(splits, tq, h, d);
+  const size_t need = sched.workspace_bytes;
   void* ws = copt.workspace;
   bool owned = false;
   if (ws != nullptr) {
@@ -449,15 +471,18 @@ Status paged_attention_partials_cuda(const TensorView& q, const TensorView& cu_s
   if (!o_partial.is_contiguous() || !lse_partial.is_contiguous()) {
     return Status::Unsupported("o_partial/lse_partial: the GPU decode writes contiguous partials");
   }
-  if (split_size < 16 || split_size % 16 != 0 || split_size > INT32_MAX) {
-    return Status::Invalid("split_size: expected a positive multiple of 16, got " +
-                           std::to_string(split_size));
+  const bool per_seq = split_size == 0;
+  if (!per_seq && (split_size < 16 || split_size % 16 != 0 || split_size > INT32_MAX)) {
+    return Status::Invalid(
+        "split_size: expected 0 (per sequence) or a positive multiple of 16, "
+        "got " +
+        std::to_string(split_size));
   }
   if (splits < 1 || splits > kMaxGridYz) {
     return Status::Invalid("o_partial: num_splits " + std::to_string(splits) +
                            " must be in [1, 65535]");
   }
-  if (plan.max_len > splits * split_size) {
+  if (!per_seq && plan.max_len > splits * split_size) {
     return Status::Invalid(
         "o_partial: " + std::to_string(splits) + " splits of " + std::to_string(split_size) +
         " keys do not cover " +
@@ -468,6 +493,7 @@ Status paged_attention_partials_cuda(const TensorView& q, const TensorView& cu_s
   DecodeParams p = plan.p;
   p.split_size = static_cast<int32_t>(split_size);
   p.num_splits = static_cast<int32_t>(splits);
+  p.split_per_seq = per_seq;
   p.write_partials = true;
   p.o_part = o_partial.as<float>();
   p.lse_part = lse_partial.as<float>();

@@ -29,6 +29,7 @@
 #include "cuda/decode/tile_loads.cuh"
 #include "cuda/sm90/cp_async.cuh"
 #include "cuda/sm90/ptx.cuh"
+#include "fp4attn/paged_kv.h"
 
 namespace fp4attn::paged {
 
@@ -108,10 +109,16 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4, kT>)
     sq = p.s_q;
   } else {
     // Unchecked device values: clamped so that no row outside [0, total_q) is touched.
-    const int64_t a = min(max(static_cast<int64_t>(p.cu_seqlens_q[b]), int64_t{0}), p.total_q);
-    const int64_t e = min(max(static_cast<int64_t>(p.cu_seqlens_q[b + 1]), a), p.total_q);
+    const int64_t a_raw = p.cu_seqlens_q[b], e_raw = p.cu_seqlens_q[b + 1];
+    const int64_t a = min(max(a_raw, int64_t{0}), p.total_q);
+    const int64_t e = min(max(e_raw, a), p.total_q);
     q_begin = a;
     sq = static_cast<int>(e - a);
+    const bool bad_cu = a != a_raw || e != e_raw || (b == 0 && a_raw != 0) ||
+                        (b == static_cast<int>(gridDim.z) - 1 && e_raw != p.total_q);
+    if (bad_cu && p.error_flag != nullptr && threadIdx.x == 0 && split == 0 && blockIdx.y == 0) {
+      atomicOr(p.error_flag, kPagedErrorCuSeqlens);
+    }
   }
   const int len_raw = p.seq_lens[b];
   const bool bad_len = len_raw < 0 || static_cast<int64_t>(len_raw) >
@@ -120,8 +127,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4, kT>)
   const int group = p.group;
   const int rows_total = sq * group;
   const int num_rb = (rows_total + kRows - 1) / kRows;
-  const int kbeg = split * p.split_size;
-  const int kend_split = min(len, kbeg + p.split_size);
+  const int split_size = p.split_per_seq
+                             ? max(64, ((len + p.num_splits - 1) / p.num_splits + 63) & ~63)
+                             : p.split_size;
+  const int kbeg = split * split_size;
+  const int kend_split = min(len, kbeg + split_size);
   const float k_factor = kFp4 ? 256.f / __ldg(p.k.global) : __ldg(p.k.global);
   const float v_factor = kFp4 ? 256.f / __ldg(p.v.global) : __ldg(p.v.global);
   const float sl2 = p.scale_log2 * k_factor;
@@ -232,6 +242,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4, kT>)
 
     store_warp_state<D, kT>(st, s_o, s_m, s_l, warp, g, t);
     const bool any_bad = __syncthreads_or(bad);
+    if (any_bad && p.error_flag != nullptr && threadIdx.x == 0) {
+      atomicOr(p.error_flag, bad_len ? kPagedErrorSeqLen : kPagedErrorPageId);
+    }
 
     // Merge the warps and write: 8 threads per row, d/8 consecutive channels each.
     const int row = threadIdx.x / 8, part = threadIdx.x % 8;

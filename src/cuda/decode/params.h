@@ -50,7 +50,12 @@ struct DecodeParams {
   int32_t h, group;
   float scale_log2;  // softmax_scale * log2(e)
   bool causal;
+  // Split s of sequence b covers keys [s * size, (s + 1) * size): size = split_size, or with
+  // split_per_seq the sequence's own ceil(seq_len / num_splits) rounded up to 64 (so one plan fits
+  // every length: the schedule is computed on the device).
   int32_t split_size, num_splits, row_blocks;
+  bool split_per_seq;
+  int32_t* error_flag;  // optional device I32: the kPagedError* bits of bad indices are OR'd
   // Final outputs (write_partials false): o BF16, lse F32 natural log (optional).
   uint16_t* o;
   int64_t o_sb, o_si, o_sh;

@@ -49,7 +49,7 @@ Status check_tokens(const TensorView& t, const char* name, const TensorView& k) 
 Status check_host_slots(const TensorView& host, int64_t n, const PagedKvShape& kv) {
   if (!host.defined()) return Status::Ok();
   FP4ATTN_RETURN_IF_ERROR(check_rank(host, "opt.slot_mapping_host", 1, "(num_tokens)"));
-  FP4ATTN_RETURN_IF_ERROR(check_dtype(host, "opt.slot_mapping_host", {DType::kI32}));
+  FP4ATTN_RETURN_IF_ERROR(check_dtype(host, "opt.slot_mapping_host", {DType::kI32, DType::kI64}));
   FP4ATTN_RETURN_IF_ERROR(check_strides(host, "opt.slot_mapping_host"));
   if (host.shape[0] != n) {
     return Status::Invalid("opt.slot_mapping_host: expected shape (" + std::to_string(n) +
@@ -142,7 +142,9 @@ Status paged_kv_append_cuda(const TensorView& k, const TensorView& v,
   AppendParams p{};
   p.side[0] = side_of(k, cache.k_data, cache.k_scales, cache.k_global);
   p.side[1] = side_of(v, cache.v_data, cache.v_scales, cache.v_global);
-  p.slots = slot_mapping.as<const int32_t>();
+  p.slots = slot_mapping.data;  // last dim contiguous (validate_paged_append)
+  p.slots64 = slot_mapping.dtype == DType::kI64;
+  p.error_flag = opt.error_flag;
   p.units = n * kv.kv_heads * (kv.head_dim / kNvfp4Block);
   p.div_blocks = packed::FastDiv::make(static_cast<uint64_t>(kv.head_dim / kNvfp4Block));
   p.div_heads = packed::FastDiv::make(static_cast<uint64_t>(kv.kv_heads));
@@ -154,9 +156,17 @@ Status paged_kv_append_cuda(const TensorView& k, const TensorView& v,
   const int grid = packed::grid_for(p.units, kAppendThreads, 16);
 
   if (opt.calibrate) {
-    constexpr size_t kBytes = 4 * sizeof(uint32_t);
-    FP4ATTN_RETURN_IF_ERROR(cuda_status(
-        cudaMallocAsync(reinterpret_cast<void**>(&p.calib), kBytes, stream), "cudaMallocAsync"));
+    constexpr size_t kBytes = kPagedAppendScratchBytes;
+    static_assert(kBytes >= 3 * sizeof(uint32_t));
+    const bool owned = opt.scratch == nullptr;
+    if (!owned && reinterpret_cast<uintptr_t>(opt.scratch) % 4 != 0) {
+      return Status::Invalid("opt.scratch: must be 4-byte aligned");
+    }
+    p.calib = static_cast<uint32_t*>(opt.scratch);
+    if (owned) {
+      FP4ATTN_RETURN_IF_ERROR(cuda_status(
+          cudaMallocAsync(reinterpret_cast<void**>(&p.calib), kBytes, stream), "cudaMallocAsync"));
+    }
     Status st = cuda_status(cudaMemsetAsync(p.calib, 0, kBytes, stream), "cudaMemsetAsync");
     if (st.ok()) {
       f16 ? launch_calibration<__half>(p, cache, grid, stream)
@@ -168,6 +178,7 @@ Status paged_kv_append_cuda(const TensorView& k, const TensorView& v,
           : launch_encode<__nv_bfloat16>(p, cache, grid, stream);
       st = cuda_status(cudaGetLastError(), "encode launch");
     }
+    if (!owned) return st;
     const Status freed = cuda_status(cudaFreeAsync(p.calib, stream), "cudaFreeAsync");
     return st.ok() ? freed : st;
   }

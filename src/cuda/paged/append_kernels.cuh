@@ -15,6 +15,7 @@
 #include "cuda/quantize/packed_blocks.cuh"
 #include "cuda/quantize/packed_common.cuh"
 #include "fp4attn/numerics/paged_kv_codec.h"
+#include "fp4attn/paged_kv.h"
 
 namespace fp4attn::paged {
 
@@ -33,7 +34,9 @@ struct AppendSide {
 
 struct AppendParams {
   AppendSide side[2];  // K, V
-  const int32_t* slots;
+  const void* slots;   // I32 or I64 (slots64) [num_tokens], read at full width
+  bool slots64;
+  int32_t* error_flag;         // optional: kPagedErrorSlotPastCache OR'd for a slot past the cache
   int64_t units;               // num_tokens * kv_heads * (head_dim / 16)
   packed::FastDiv div_blocks;  // unit -> (token, head) row
   packed::FastDiv div_heads;   // row -> token
@@ -53,9 +56,14 @@ __device__ __forceinline__ UnitPos unit_pos(const AppendParams& p, int64_t u) {
           u - row * static_cast<int64_t>(p.div_blocks.d)};
 }
 
+__device__ __forceinline__ int64_t slot_of(const AppendParams& p, int64_t token) {
+  return p.slots64 ? static_cast<const int64_t*>(p.slots)[token]
+                   : static_cast<const int32_t*>(p.slots)[token];
+}
+
 // A slot the kernels write: in [0, num_slots). Anything else is skipped, so that unchecked slot
 // values can never address memory outside the cache.
-__device__ __forceinline__ bool slot_written(const AppendParams& p, int32_t slot) {
+__device__ __forceinline__ bool slot_written(const AppendParams& p, int64_t slot) {
   return slot >= 0 && slot < p.num_slots;
 }
 
@@ -87,7 +95,7 @@ __global__ void __launch_bounds__(kAppendThreads) calibrate_amax_kernel(const Ap
   for (int64_t u = static_cast<int64_t>(blockIdx.x) * kAppendThreads + threadIdx.x; u < p.units;
        u += stride) {
     const UnitPos q = unit_pos(p, u);
-    if (!slot_written(p, p.slots[q.token])) continue;
+    if (!slot_written(p, slot_of(p, q.token))) continue;
     any = true;
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
@@ -164,8 +172,15 @@ __device__ __forceinline__ void for_each_written_unit(const AppendParams& p, F&&
   for (int64_t u = static_cast<int64_t>(blockIdx.x) * kAppendThreads + threadIdx.x; u < p.units;
        u += stride) {
     const UnitPos q = unit_pos(p, u);
-    const int32_t slot = p.slots[q.token];
-    if (!slot_written(p, slot)) continue;
+    const int64_t slot64 = slot_of(p, q.token);
+    if (!slot_written(p, slot64)) {
+      // Reported once per token (its first unit); a negative slot is padding, not an error.
+      if (slot64 >= p.num_slots && p.error_flag != nullptr && q.head == 0 && q.block == 0) {
+        atomicOr(p.error_flag, kPagedErrorSlotPastCache);
+      }
+      continue;
+    }
+    const int32_t slot = static_cast<int32_t>(slot64);
     const int32_t page = slot / p.page_size, offset = slot - page * p.page_size;
     uint4 v[4];
     load_block(p.side[0], q, v[0], v[1]);

@@ -810,9 +810,10 @@ void check_fused(const Config& c, bool fused = true) {
     }
   }
 
-  // The two-kernel path on the same plan.
+  // The two-kernel path on the same plan (split_size 0: each sequence split on the device, as
+  // paged_attention_cuda splits it).
   Status st = paged_attention_partials_cuda(
-      dq_v, dcu_v, dcache, dbt_v, dsl_v, opt, split_size,
+      dq_v, dcu_v, dcache, dbt_v, dsl_v, opt, /*split_size=*/0,
       make_view(dop.get(), DType::kF32, {splits, tq, c.h, c.d}),
       make_view(dlp.get(), DType::kF32, {splits, tq, c.h}), copt, nullptr);
   ASSERT_TRUE(st.ok()) << st.message();
@@ -923,7 +924,8 @@ TEST(PagedDecodeGpu, FusedCombineFallsBackBeyondItsSplits) {
 }
 
 // Without host copies a bad page id or length is not caught before the launch: the kernel must
-// not read it and must make that sequence's rows NaN (the other sequences are untouched).
+// not read it, must make that sequence's rows NaN (the other sequences are untouched) and must
+// report both in the error flag; a clean call leaves the flag 0.
 TEST(PagedDecodeGpu, UncheckedBadIndicesGiveNanRowsNotReads) {
   SKIP_WITHOUT_GPU();
   for (KvCacheFormat f : {KvCacheFormat::kNvfp4, KvCacheFormat::kFp8}) {
@@ -940,10 +942,23 @@ TEST(PagedDecodeGpu, UncheckedBadIndicesGiveNanRowsNotReads) {
     sl[2] = static_cast<int32_t>(cache.max_pages * c.page_size + 1);  // sequence 2: too long
     Dev dpool(cache.pool), dglob(std::vector<float>{cache.globals[0], cache.globals[1]});
     Dev dbt(bt), dsl(sl), dq(x.q), dout(b * c.h * c.d * 2, 0), dlse(b * c.h * 4, 0);
-    ASSERT_TRUE(dpool.ok() && dglob.ok() && dbt.ok() && dsl.ok() && dq.ok() && dout.ok());
+    Dev dflag(4, 0), dbt_ok(cache.block_tables), dsl_ok(cache.seq_lens);
+    ASSERT_TRUE(dpool.ok() && dglob.ok() && dbt.ok() && dsl.ok() && dq.ok() && dout.ok() &&
+                dflag.ok() && dbt_ok.ok() && dsl_ok.ok());
     for (int splits : {1, 3}) {
       PagedAttentionCudaOptions copt;
       copt.num_splits = splits;
+      copt.error_flag = reinterpret_cast<int32_t*>(dflag.get());
+      // The good tables first: the flag stays 0.
+      ASSERT_TRUE(paged_attention_cuda(
+                      make_view(dq.get(), DType::kBF16, {b, 1, c.h, c.d}), {},
+                      cache.views(dpool.get(), reinterpret_cast<float*>(dglob.get())),
+                      make_view(dbt_ok.get(), DType::kI32, {b, cache.max_pages}),
+                      make_view(dsl_ok.get(), DType::kI32, {b}), {},
+                      make_view(dout.get(), DType::kBF16, {b, 1, c.h, c.d}), {}, copt, nullptr)
+                      .ok());
+      CUDA_OK(cudaDeviceSynchronize());
+      ASSERT_EQ(dflag.download<int32_t>()[0], 0) << "flag set by good tables";
       const Status st =
           paged_attention_cuda(make_view(dq.get(), DType::kBF16, {b, 1, c.h, c.d}), {},
                                cache.views(dpool.get(), reinterpret_cast<float*>(dglob.get())),
@@ -962,8 +977,42 @@ TEST(PagedDecodeGpu, UncheckedBadIndicesGiveNanRowsNotReads) {
         }
         for (int64_t h = 0; h < c.h; ++h) ASSERT_EQ(std::isnan(l[bi * c.h + h]), bi != 1);
       }
+      EXPECT_EQ(dflag.download<int32_t>()[0], kPagedErrorPageId | kPagedErrorSeqLen);
+      CUDA_OK(cudaMemset(dflag.get(), 0, 4));
     }
   }
+}
+
+// A varlen q whose cu_seqlens_q lies (decreasing, past total_q) is clamped on the device (no row
+// outside q is touched) and reported in the error flag.
+TEST(PagedDecodeGpu, UncheckedBadCuSeqlensAreFlagged) {
+  SKIP_WITHOUT_GPU();
+  Config c;
+  c.h = 8;
+  c.h_kv = 2;
+  c.lens = {100, 50};
+  c.varlen = true;
+  c.s_q = 2;  // chunks of 2 and 1 queries: cu_seqlens_q {0, 2, 3}
+  const Cache cache = make_cache(c);
+  const Query x = make_query(c, 11);
+  const int64_t b = 2, tq = x.total_q;
+  Dev dpool(cache.pool), dglob(std::vector<float>{cache.globals[0], cache.globals[1]});
+  Dev dbt(cache.block_tables), dsl(cache.seq_lens), dq(x.q), dflag(4, 0);
+  Dev dout(tq * c.h * c.d * 2, 0), dcu(std::vector<int32_t>{0, 2, 7});  // ends past total_q 3
+  ASSERT_TRUE(dpool.ok() && dglob.ok() && dbt.ok() && dsl.ok() && dq.ok() && dflag.ok() &&
+              dout.ok() && dcu.ok());
+  PagedAttentionCudaOptions copt;
+  copt.error_flag = reinterpret_cast<int32_t*>(dflag.get());
+  const Status st = paged_attention_cuda(
+      make_view(dq.get(), DType::kBF16, {tq, c.h, c.d}), make_view(dcu.get(), DType::kI32, {b + 1}),
+      cache.views(dpool.get(), reinterpret_cast<float*>(dglob.get())),
+      make_view(dbt.get(), DType::kI32, {b, cache.max_pages}),
+      make_view(dsl.get(), DType::kI32, {b}), {},
+      make_view(dout.get(), DType::kBF16, {tq, c.h, c.d}), {}, copt, nullptr);
+  ASSERT_TRUE(st.ok()) << st.message();
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(cudaGetLastError());
+  EXPECT_EQ(dflag.download<int32_t>()[0], kPagedErrorCuSeqlens);
 }
 
 // Bad input: a Status naming the argument, before any CUDA call (fake device pointers, never

@@ -231,9 +231,13 @@ class TwinCache {
 
   // Appends n tokens (bits [n, heads, d] of k and v) on both sides and compares everything.
   // host_slots: the slots the host reference sees (out-of-range values already made -1 there).
+  // Slot: int32_t or int64_t (slot_mapping I32 / I64). The device error flag of the call is
+  // left in last_error_flag.
+  template <typename Slot>
   void append(const std::vector<uint16_t>& kb, const std::vector<uint16_t>& vb, DType dt,
-              const std::vector<int32_t>& slots, const std::vector<int32_t>& host_slots,
+              const std::vector<Slot>& slots, const std::vector<int32_t>& host_slots,
               bool pass_host_slots, cudaStream_t stream) {
+    constexpr DType kSlotDtype = sizeof(Slot) == 8 ? DType::kI64 : DType::kI32;
     const int64_t n = static_cast<int64_t>(slots.size());
     SCOPED_TRACE(g_.str() + " " + dtype_name(dt) + " n " + std::to_string(n));
     // Host reference.
@@ -244,19 +248,23 @@ class TwinCache {
         make_view(hs.data(), DType::kI32, {n}), cache_views(g_, host_.data(), host_globals_));
     ASSERT_TRUE(hst.ok()) << hst.message();
     // Device.
-    DeviceBuf dk(kb), dv(vb), ds(slots);
-    ASSERT_TRUE(dk.ok() && dv.ok() && ds.ok());
+    DeviceBuf dk(kb), dv(vb), ds(slots), dflag(std::vector<int32_t>{0});
+    ASSERT_TRUE(dk.ok() && dv.ok() && ds.ok() && dflag.ok());
     PagedAppendCudaOptions opt;
     opt.calibrate = calibrate;
-    std::vector<int32_t> copy = slots;
-    if (pass_host_slots) opt.slot_mapping_host = make_view(copy.data(), DType::kI32, {n});
+    opt.error_flag = reinterpret_cast<int32_t*>(dflag.get());
+    std::vector<Slot> copy = slots;
+    if (pass_host_slots) opt.slot_mapping_host = make_view(copy.data(), kSlotDtype, {n});
     const Status st = paged_kv_append_cuda(
         make_view(n ? dk.get() : nullptr, dt, {n, g_.heads, g_.d}),
         make_view(n ? dv.get() : nullptr, dt, {n, g_.heads, g_.d}),
-        make_view(n ? ds.get() : nullptr, DType::kI32, {n}), device_view(), opt, stream);
+        make_view(n ? ds.get() : nullptr, kSlotDtype, {n}), device_view(), opt, stream);
     ASSERT_TRUE(st.ok()) << st.message();
     CUDA_OK(cudaStreamSynchronize(stream));
     CUDA_OK(cudaGetLastError());
+    const std::vector<uint8_t> fb = dflag.payload("error_flag");
+    ASSERT_EQ(fb.size(), 4u);
+    std::memcpy(&last_error_flag, fb.data(), 4);
     check();
     dk.payload("k");  // inputs' guards: nothing writes there
     dv.payload("v");
@@ -277,6 +285,7 @@ class TwinCache {
         << "v_global " << got[1] << " vs " << host_globals_[1];
   }
 
+  int32_t last_error_flag = 0;
   float host_global(int side) const { return host_globals_[side]; }
   const std::vector<uint8_t>& host_pool() const { return host_; }
 
@@ -461,6 +470,40 @@ TEST(PagedAppendGpu, LargeAppendAndUncheckedOutOfRangeSlots) {
     c.append(make_tokens(n * row, DType::kBF16, Tokens::kAdversarial, 42),
              make_tokens(n * row, DType::kBF16, Tokens::kRandom, 43), DType::kBF16, slots, host,
              /*pass_host_slots=*/false, nullptr);
+    EXPECT_EQ(c.last_error_flag, kPagedErrorSlotPastCache);
+  }
+}
+
+// vLLM's int64 slot_mapping, read at full width: negative (any magnitude, -1 is vLLM's graph
+// padding) skips the token and is no error; past the cache (also beyond int32) skips it and sets
+// the error flag; nothing wraps onto a real slot (-2^32 + 3 is not slot 3). With a host copy the
+// same values are checked before the launch.
+TEST(PagedAppendGpu, Int64SlotsAreReadAtFullWidth) {
+  SKIP_WITHOUT_GPU();
+  for (KvCacheFormat format : {KvCacheFormat::kNvfp4, KvCacheFormat::kFp8}) {
+    const Geometry g{format, 4, 16, 2, 64, Pool::kCompact};
+    const int64_t total = g.pages * g.page_size, row = g.heads * g.d;
+    const std::vector<int64_t> slots = {5,         -1, -(int64_t{1} << 32) + 3,
+                                        INT64_MIN, 7,  -(int64_t{1} << 32)};
+    const std::vector<int32_t> host = {5, -1, -1, -1, 7, -1};
+    const int64_t n = static_cast<int64_t>(slots.size());
+    {
+      TwinCache c(g);
+      ASSERT_TRUE(c.ok());
+      c.append(make_tokens(n * row, DType::kBF16, Tokens::kRandom, 61),
+               make_tokens(n * row, DType::kBF16, Tokens::kRandom, 62), DType::kBF16, slots, host,
+               /*pass_host_slots=*/true, nullptr);
+      EXPECT_EQ(c.last_error_flag, 0) << "negative slots are padding, not errors";
+    }
+    std::vector<int64_t> past = slots;
+    past[1] = total;
+    past[3] = int64_t{1} << 32;  // would be slot 0 if narrowed
+    TwinCache c(g);
+    ASSERT_TRUE(c.ok());
+    c.append(make_tokens(n * row, DType::kBF16, Tokens::kRandom, 63),
+             make_tokens(n * row, DType::kBF16, Tokens::kRandom, 64), DType::kBF16, past, host,
+             /*pass_host_slots=*/false, nullptr);
+    EXPECT_EQ(c.last_error_flag, kPagedErrorSlotPastCache);
   }
 }
 
@@ -471,7 +514,7 @@ TEST(PagedAppendGpu, EmptyAndAllSkippedAppendsWriteNothing) {
     const Geometry g{format, 3, 16, 8, 64, Pool::kCompact};
     TwinCache c(g);
     ASSERT_TRUE(c.ok());
-    c.append({}, {}, DType::kF16, {}, {}, true, nullptr);
+    c.append({}, {}, DType::kF16, std::vector<int32_t>{}, {}, true, nullptr);
     const std::vector<int32_t> none(4, -1);
     c.append(make_tokens(4 * 8 * 64, DType::kF16, Tokens::kRandom, 51),
              make_tokens(4 * 8 * 64, DType::kF16, Tokens::kRandom, 52), DType::kF16, none, none,
