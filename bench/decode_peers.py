@@ -12,11 +12,14 @@ that reads come from HBM. tbps counts the logical BF16 cache (b * L * 8 * 128 * 
 q. Ceilings: the copy ceiling of bench/peers.py and a read-only one (a sum over 2 GiB).
 
     python3 bench/decode_peers.py OUT.json [--quick] [--revision SHA] [--points 32:4096,...]
-    python3 bench/decode_peers.py --merge OURS.json PEERS.json -o decode.json [--command ...]
+    python3 bench/decode_peers.py --merge OURS.json PEERS.json -o decode.json [--api API.json]
+                                  [--command ...]
 
 --merge writes the record of bench/results/decode.json: one record per cache format x grid point
-with the peer's peer_ms from the same run and speedup = peer_ms / ms (issue 9's targets: NVFP4
->= 3.0x at b=32 L=32k, >= 2.5x at b=32 L=4k; every grid point >= 1.0x).
+with the peer's peer_ms from the same run and speedup = peer_ms / ms, path "kernel" (issue 22's
+kernel target: NVFP4 >= 3.0x at b=32 L=32k; every other point >= 1.0x). --api adds the records of
+bench/decode_api.py from the same device call: paths "api" and "api-graph" (the public Python API
+eagerly and replayed in a CUDA graph, each against SDPA cuDNN BF16 timed the same way).
 """
 
 import argparse
@@ -43,21 +46,22 @@ def case_name(b, l):
     return f"b{b}-L{l}"
 
 
-def merge(ours_path, peers_path, out_path, command):
+def merge(ours_path, peers_path, out_path, command, api_path=None):
     ours = json.load(open(ours_path))
     peers_doc = json.load(open(peers_path))
+    api_doc = json.load(open(api_path)) if api_path else None
     by_case = {}
     for p in peers_doc.get("records", []):
         by_case.setdefault(p["case"], {})[p["peer"]] = p
     records, warnings = [], record.part_warnings("decode", ours, peers_doc)
-    targets = {(32, 32768): 3.0, (32, 4096): 2.5}
+    targets = {(32, 32768): 3.0}
     summary = {}
     for r in ours.get("records", []):
         peer = by_case.get(r["case"], {})
         ref = peer.get("sdpa-cudnn-bf16")
         if ref is None or "ms" not in ref:
             ref = peer.get("sdpa-flash-bf16")
-        rec = dict(r)
+        rec = {"path": "kernel", "s_q": 1, **r}
         if ref is not None and "ms" in ref and "ms" in r:
             rec.update(peer=ref["peer"], peer_ms=ref["ms"], peer_tbps=ref.get("tbps"),
                        peer_kv=ref.get("kv"), speedup=ref["ms"] / r["ms"])
@@ -66,8 +70,8 @@ def merge(ours_path, peers_path, out_path, command):
         else:
             warnings.append(f"{r['case']} {r['recipe']}: no peer time")
         records.append(rec)
-        s = summary.setdefault(r["recipe"], {"points": 0, "errors": 0, "speedups": [],
-                                             "meets_target": True, "min_cos": None})
+        s = summary.setdefault(f"{r['recipe']} kernel", {"points": 0, "errors": 0,
+                               "speedups": [], "meets_target": True, "min_cos": None})
         s["points"] += 1
         if "error" in r or "speedup" not in rec:
             s["errors"] += "error" in r
@@ -77,6 +81,20 @@ def merge(ours_path, peers_path, out_path, command):
             s["meets_target"] = s["meets_target"] and rec["meets_target"]
         if r.get("cos") is not None:
             s["min_cos"] = r["cos"] if s["min_cos"] is None else min(s["min_cos"], r["cos"])
+    for r in (api_doc or {}).get("records", []):
+        if "recipe" not in r:
+            continue  # the peer's own timings stay in "peers"
+        records.append(r)
+        s = summary.setdefault(f"{r['recipe']} {r['path']}", {"points": 0, "errors": 0,
+                               "speedups": [], "meets_target": True, "min_cos": None})
+        s["points"] += 1
+        if "speedup" in r:
+            s["speedups"].append(r["speedup"])
+            s["meets_target"] = s["meets_target"] and r.get("meets_target", True)
+        else:
+            s["errors"] += 1
+            s["meets_target"] = False
+            warnings.append(f"{r['case']} {r['recipe']} {r['path']}: no time or no peer time")
     for s in summary.values():
         sp = s.pop("speedups")
         s["min_speedup"] = min(sp) if sp else None
@@ -84,7 +102,8 @@ def merge(ours_path, peers_path, out_path, command):
     doc = record.header("decode", ours.get("revision"), ours.get("device"), command,
                         ours.get("date"))
     doc |= {
-        "commands": {"ours": ours.get("command"), "peers": peers_doc.get("command")},
+        "commands": {"ours": ours.get("command"), "peers": peers_doc.get("command"),
+                     "api": (api_doc or {}).get("command")},
         "software": peers_doc.get("software"),
         "ceilings": {**ours.get("ceilings", {}),
                      **{f"{k}_torch": v for k, v in peers_doc.get("ceilings", {}).items()}},
@@ -94,7 +113,8 @@ def merge(ours_path, peers_path, out_path, command):
         "summary": summary,
         "warnings": warnings,
         "records": records,
-        "peers": peers_doc.get("records", []),
+        "peers": peers_doc.get("records", [])
+        + [r for r in (api_doc or {}).get("records", []) if "recipe" not in r],
     }
     record.write_json(doc, out_path)
     print(f"wrote {out_path}: {len(records)} records, {len(warnings)} warnings")
@@ -185,6 +205,7 @@ def main():
     ap.add_argument("--merge", nargs=2, metavar=("OURS", "PEERS"),
                     help="merge fp4attn_bench decode's JSON and this script's into -o")
     ap.add_argument("-o", "--output", help="the merged record (with --merge)")
+    ap.add_argument("--api", help="bench/decode_api.py's JSON of the same call (with --merge)")
     ap.add_argument("--command", default=None, help="the command recorded in the merged JSON")
     ap.add_argument("--quick", action="store_true", help="4 points, shorter timing")
     ap.add_argument("--points", help="b:L pairs instead of the grid, e.g. 32:4096,1:32768")
@@ -196,7 +217,8 @@ def main():
     if args.merge:
         if not args.output:
             ap.error("--merge needs -o")
-        merge(args.merge[0], args.merge[1], args.output, args.command or record.command_line())
+        merge(args.merge[0], args.merge[1], args.output, args.command or record.command_line(),
+              args.api)
         return
     if not args.out:
         ap.error("OUT.json is required when measuring")
