@@ -4,9 +4,12 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 #include <vector>
 
 #include "cli_args.h"
+#include "core/checked_size.h"
 #include "fp4attn/recipe.h"
 #include "harness/suite.h"
 
@@ -28,6 +31,18 @@ struct SuiteShape {
 };
 // Throws UsageError naming the flag on a bad value.
 SuiteShape parse_suite_shape(const Args& a);
+
+// The product of flag values, e.g. {{"--batch", b}, {"--seqlen-q", s}, ...}; throws UsageError
+// naming the flags when it overflows int64 (core/checked_size.h).
+int64_t flag_product(const char* what, std::initializer_list<SizeFactor> flags);
+
+// One host buffer of a command: `count` elements of `bytes` bytes each.
+struct HostBuffer {
+  int64_t count, bytes;
+};
+// Throws UsageError, starting with `flags` (the flags that set the sizes), when the buffers'
+// total overflows int64 or exceeds host_memory_limit(): refused before anything is allocated.
+void check_host_buffers(const std::string& flags, std::initializer_list<HostBuffer> buffers);
 
 // The shape flags above followed by a command's own flags (a function, not a global table: the
 // commands' tables are themselves built during static initialization).

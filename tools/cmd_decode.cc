@@ -11,6 +11,7 @@
 #include "cli_inputs.h"
 #include "commands.h"
 #include "core/half.h"
+#include "core/parallel.h"
 #include "fp4attn/golden/paged_kv.h"
 #include "fp4attn/golden/reference.h"
 #include "gpu/decode_gpu.h"
@@ -42,6 +43,46 @@ struct Shape {
   int64_t b, h, h_kv, len, s_q, d, page_size;
 };
 
+// Pages per sequence and in the cache (one spare page), as cmd_decode lays them out.
+int64_t pages_per_seq(const Shape& s) { return (s.len + s.page_size - 1) / s.page_size; }
+int64_t cache_pages(const Shape& s) { return s.b * pages_per_seq(s) + 1; }
+
+// Every buffer of the command is sized from the flags: refuse what overflows or does not fit in
+// memory before allocating (issue 26). Flag ranges keep each product below 2^62 here; the
+// checked arithmetic is what says so.
+void check_sizes(const Shape& s) {
+  const char* flags = "--batch, --context, --page-size";
+  // Slots (page * page_size + offset) and page ids are int32 in the cache's API.
+  const int64_t slots =
+      flag_product("cache slots", {{"pages", cache_pages(s)}, {"--page-size", s.page_size}});
+  if (slots > INT32_MAX) {
+    throw UsageError(std::string(flags) + ": " + std::to_string(s.b) + " sequences of " +
+                     std::to_string(s.len) + " tokens in pages of " + std::to_string(s.page_size) +
+                     " need " + std::to_string(slots) +
+                     " cache slots, more than int32 slot indices address (2147483647)");
+  }
+  const int64_t tokens = flag_product("tokens", {{"--batch", s.b}, {"--context", s.len}});
+  const int64_t kv =
+      flag_product("k elements", {{"tokens", tokens}, {"--kv-heads", s.h_kv}, {"--head-dim", s.d}});
+  const int64_t nq = flag_product(
+      "q elements",
+      {{"--batch", s.b}, {"--query-tokens", s.s_q}, {"--heads", s.h}, {"--head-dim", s.d}});
+  const int64_t cache = flag_product(
+      "cache values", {{"cache slots", slots}, {"--kv-heads", s.h_kv}, {"--head-dim", s.d}});
+  // The suite's k, v and their BF16-exact copies (float32), q and its copy; the exact, golden
+  // and GPU outputs (float64); slots, the page table and its permutation (int32); one format's
+  // cache (FP8's is the larger); per thread, one sequence's decoded K and V (float64).
+  check_host_buffers(std::string(flags) + ", --heads, --kv-heads, --head-dim",
+                     {{kv, 16},
+                      {nq, 8},
+                      {nq, 24},
+                      {tokens, 4},
+                      {s.b * (pages_per_seq(s) + 1), 4},
+                      {cache_pages(s), 4},
+                      {cache, 2},
+                      {s.len * (2 * s.d + 1), 8 * int64_t(num_threads())}});
+}
+
 Shape parse_shape(const Args& a) {
   Shape s{};
   s.b = a.get_int("batch", 4, 1, 1 << 16);
@@ -62,6 +103,7 @@ Shape parse_shape(const Args& a) {
     throw UsageError("--query-tokens: " + std::to_string(s.s_q) + " is more than --context " +
                      std::to_string(s.len) + " (the queries are the last cached tokens)");
   }
+  check_sizes(s);
   return s;
 }
 
@@ -109,8 +151,7 @@ int cmd_decode(const std::vector<std::string>& argv) {
 
   // Page table and slots (the same for every input).
   const int64_t tokens = s.b * s.len;
-  const int64_t pages_per_seq = (s.len + s.page_size - 1) / s.page_size;
-  const int64_t num_pages = s.b * pages_per_seq + 1;
+  const int64_t num_pages = cache_pages(s);
   const paged_host::PageTable pt = paged_host::random_pages(
       std::vector<int32_t>(s.b, static_cast<int32_t>(s.len)), s.page_size, num_pages, seed);
   std::vector<int32_t> slots(tokens);

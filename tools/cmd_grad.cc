@@ -11,6 +11,7 @@
 #include "cli_args.h"
 #include "cli_inputs.h"
 #include "commands.h"
+#include "core/parallel.h"
 #include "fp4attn/golden/golden.h"
 #include "fp4attn/golden/golden_backward.h"
 #include "fp4attn/golden/reference.h"
@@ -93,13 +94,27 @@ int cmd_grad(const std::vector<std::string>& argv) {
     throw UsageError("--ds-scales: expected per-head or per-tile, got '" + ds_scales + "'");
   }
   bopt.ds_scales = ds_scales == "per-tile" ? DsScales::kPerTile : DsScales::kPerHead;
+  // dS scales exist only in the FP8 arithmetic: float64 has none to place (golden_backward.h).
+  if (a.has("ds-scales") && bopt.arithmetic == BackwardArithmetic::kFloat64) {
+    throw UsageError("--ds-scales: applies to --arithmetic fp8 only (float64 dS has no scales)");
+  }
+  // Checked before any allocation: q, k, v (float32), dO and the reference's dq, dk, dv, the
+  // golden's o, dq, dk, dv and per-head dK, dV partials (float64), the LSE; per thread, one
+  // head's P, dP, dS and dS's two scaled copies ([s, s] float64).
+  const int64_t elems = b * s * h * d;  // checked by parse_suite_shape
+  const int64_t scores = flag_product("scores per head", {{"--seqlen", s}, {"--seqlen", s}});
+  check_host_buffers(
+      "--batch, --heads, --seqlen, --head-dim",
+      {{elems, 12}, {elems, 8 * 10}, {b * h * s, 8}, {scores, 40 * int64_t(num_threads())}});
 
   std::printf("fp4attn grad: b=%lld h=%lld s=%lld d=%lld %s%s, seed %llu, d-source %s, %s%s\n",
               (long long)b, (long long)h, (long long)s, (long long)d,
               causal ? "causal" : "non-causal", smooth_k ? ", smooth-k" : "",
               (unsigned long long)seed, d_source.c_str(),
               arith == "fp8" ? "emulated FP8 backward (the GPU's operands)" : "float64 backward",
-              ds_scales == "per-tile" ? ", dS scales per tile" : ", dS scales per head");
+              arith == "f64"            ? ""
+              : ds_scales == "per-tile" ? ", dS scales per tile"
+                                        : ", dS scales per head");
   std::printf("golden forward + backward of each recipe against float64 exact attention\n\n");
   std::printf("%-11s %-13s %9s %9s %9s %9s %9s %9s %9s\n", "recipe", "input", "dq-cos", "dq-rl2",
               "dk-cos", "dk-rl2", "dv-cos", "dv-rl2", "ms");
@@ -144,6 +159,9 @@ int cmd_grad(const std::vector<std::string>& argv) {
         row.refused = st.message();
         std::printf("%-11s %-13s refused: %s\n", row.recipe.c_str(), row.input.c_str(),
                     row.refused.c_str());
+      } else if (nq == 0) {  // an empty problem: nothing to compare
+        std::printf("%-11s %-13s %9s %9s %9s %9s %9s %9s %9.1f\n", row.recipe.c_str(),
+                    row.input.c_str(), "n/a", "n/a", "n/a", "n/a", "n/a", "n/a", row.ms);
       } else {
         row.dq = compare(gq.data(), rq.data(), nq);
         row.dk = compare(gk.data(), rk.data(), nq);
@@ -169,6 +187,9 @@ int cmd_grad(const std::vector<std::string>& argv) {
       j.boolean("smooth_k", smooth_k);
       if (!r.refused.empty()) {
         j.str("refused", r.refused);
+      } else if (r.dq.n == 0) {  // empty: no metric (null), not a perfect one
+        const ErrorStats none{0, NAN, NAN, NAN, NAN, NAN, 0, 0};
+        j.obj("dq", json_stats(none)).obj("dk", json_stats(none)).obj("dv", json_stats(none));
       } else {
         j.obj("dq", json_stats(r.dq)).obj("dk", json_stats(r.dk)).obj("dv", json_stats(r.dv));
       }

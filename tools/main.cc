@@ -1,5 +1,8 @@
 // fp4attn: command-line front end (run, decode, recipes, emulation, grad).
 #include <cstdio>
+#include <exception>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -35,6 +38,13 @@ constexpr const char* kUsage =
     "  grad      the backward's dQ, dK, dV per recipe and suite input against float64\n\n"
     "fp4attn <command> --help shows a command's flags.\n";
 
+// One line on stderr, whatever the message holds.
+int fail(const std::string& cmd, std::string message) {
+  for (char& c : message) c = c == '\n' ? ' ' : c;
+  std::fprintf(stderr, "fp4attn %s: %s\n", cmd.c_str(), message.c_str());
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,7 +73,14 @@ int main(int argc, char** argv) {
                  cmd.c_str());
     return 2;
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "fp4attn %s: %s\n", cmd.c_str(), e.what());
-    return 2;
+    return fail(cmd, e.what());
+  } catch (const std::bad_alloc&) {
+    // Sizes are checked up front (host_memory_limit); this is memory the machine refused anyway.
+    return fail(cmd, "out of host memory (std::bad_alloc); try smaller sizes");
+  } catch (const std::exception& e) {
+    // Never an abort: an internal error still ends with one line and exit code 2.
+    return fail(cmd, std::string("error: ") + e.what());
+  } catch (...) {
+    return fail(cmd, "error: unknown exception");
   }
 }

@@ -60,9 +60,21 @@ def check_softmax_scale(softmax_scale: object) -> float:
     return float(softmax_scale)
 
 
+def _type_name(value: object) -> str:
+    """The type as a user would write it: "int", "numpy.bool_", "torch.Tensor"."""
+    t = type(value)
+    if t.__module__ == "builtins":
+        return t.__name__
+    if t.__module__ == "numpy" and t.__name__ in ("bool", "bool_"):
+        return "numpy.bool_"  # numpy 2 names it "bool", which read "expected a bool, got bool"
+    return f"{t.__module__.split('.')[0]}.{t.__qualname__}"
+
+
 def check_bool(value: object, name: str) -> bool:
+    # numpy.bool_ is refused, not converted: every caller passes the argument itself on.
     if not isinstance(value, bool):
-        raise TypeError(f"{name}: expected a bool, got {type(value).__name__}")
+        hint = f"; pass bool({name})" if _type_name(value) == "numpy.bool_" else ""
+        raise TypeError(f"{name}: expected a bool, got {_type_name(value)}{hint}")
     return value
 
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/checked_size.h"
 #include "core/half.h"
 
 namespace fp4attn {
@@ -54,16 +55,24 @@ int dtype_size(DType t) {
 
 int64_t TensorView::numel() const {
   if (rank == 0) return 0;
+  for (int i = 0; i < rank; ++i) {
+    if (shape[i] == 0) return 0;  // whatever the other sizes, as numpy and torch count
+  }
   int64_t n = 1;
-  for (int i = 0; i < rank; ++i) n *= shape[i];
+  for (int i = 0; i < rank; ++i) {
+    if (__builtin_mul_overflow(n, shape[i], &n)) return INT64_MAX;  // check_rank refuses it
+  }
   return n;
 }
 
 bool TensorView::is_contiguous() const {
+  // An empty tensor has no element to misplace: its strides are whatever its maker chose (torch
+  // gives (128, 64, 64, 1) to shape (1, 2, 0, 64)).
+  if (rank > 0 && numel() == 0) return true;
   int64_t expected = 1;
   for (int i = rank - 1; i >= 0; --i) {
     if (shape[i] != 1 && stride[i] != expected) return false;
-    expected *= shape[i];
+    if (!checked_mul(expected, shape[i], &expected)) return false;
   }
   return true;
 }
@@ -86,7 +95,8 @@ TensorView make_view(void* data, DType dtype, std::initializer_list<int64_t> sha
   int64_t st = 1;
   for (int d = t.rank - 1; d >= 0; --d) {
     t.stride[d] = st;
-    st *= t.shape[d];
+    // A shape whose product overflows (check_rank refuses it) gets strides 0 here, not UB.
+    if (__builtin_mul_overflow(st, t.shape[d], &st)) st = 0;
   }
   return t;
 }
@@ -150,6 +160,12 @@ Status check_rank(const TensorView& t, const char* name, int rank, const char* d
     if (t.shape[i] < 0) {
       return Status::Invalid(std::string(name) + ": negative size in shape " + t.shape_str());
     }
+  }
+  // Element and byte offsets are int64 everywhere: a shape whose bytes do not fit cannot be real.
+  int64_t bytes = t.numel();
+  if (bytes == INT64_MAX || !checked_mul(bytes, dtype_size(t.dtype), &bytes)) {
+    return Status::Invalid(std::string(name) + ": shape " + t.shape_str() +
+                           " has more bytes than int64 can count");
   }
   return Status::Ok();
 }

@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <stdexcept>
 #include <vector>
 
+#include "core/checked_size.h"
 #include "core/parallel.h"
 
 namespace fp4attn {
@@ -76,7 +78,7 @@ int outlier_index(int64_t c, int64_t d) {
 // unrounded values of one row. Rows are independent, so they are generated in parallel.
 template <typename F>
 void fill_rows(std::vector<float>* t, int64_t b, int64_t s, int64_t heads, int64_t d, F row) {
-  t->assign(b * s * heads * d, 0.0f);
+  t->assign(b * s * heads * d, 0.0f);  // the caller checked the product (suite_sizes)
   parallel_for(b * s * heads, [&](int64_t r) {
     std::vector<double> vals(d);
     row(r / heads / s, (r / heads) % s, r % heads, r, vals.data());
@@ -114,10 +116,39 @@ bool parse_input_kind(std::string_view name, InputKind* out) {
   return false;
 }
 
+Status suite_sizes(int64_t b, int64_t s_q, int64_t s_k, int64_t h, int64_t h_kv, int64_t d,
+                   SuiteSizes* out) {
+  b = std::max<int64_t>(b, 0), s_q = std::max<int64_t>(s_q, 0), s_k = std::max<int64_t>(s_k, 0);
+  h = std::max<int64_t>(h, 0), h_kv = std::max<int64_t>(h_kv, 0), d = std::max<int64_t>(d, 0);
+  SuiteSizes z{};
+  int64_t dirs = 0, kv2 = 0, all = 0;
+  FP4ATTN_RETURN_IF_ERROR(
+      checked_product("q elements", {{"b", b}, {"s_q", s_q}, {"h", h}, {"d", d}}, &z.q_elements));
+  FP4ATTN_RETURN_IF_ERROR(checked_product(
+      "k and v elements", {{"b", b}, {"s_k", s_k}, {"h_kv", h_kv}, {"d", d}}, &z.kv_elements));
+  FP4ATTN_RETURN_IF_ERROR(checked_product("sink directions", {{"h_kv", h_kv}, {"d", d}}, &dirs));
+  const std::string what = "suite inputs q, k, v (b, s_q, s_k, h, h_kv, d = " + std::to_string(b) +
+                           ", " + std::to_string(s_q) + ", " + std::to_string(s_k) + ", " +
+                           std::to_string(h) + ", " + std::to_string(h_kv) + ", " +
+                           std::to_string(d) + ")";
+  if (!checked_mul(z.kv_elements, 2, &kv2) || !checked_add(z.q_elements, kv2, &all) ||
+      !checked_mul(all, int64_t(sizeof(float)), &z.bytes)) {
+    return Status::Invalid(what + ": the byte count overflows int64");
+  }
+  FP4ATTN_RETURN_IF_ERROR(check_host_bytes(what, z.bytes));
+  *out = z;
+  return Status::Ok();
+}
+
 SuiteInputs make_inputs(InputKind kind, int64_t b, int64_t s_q, int64_t s_k, int64_t h,
                         int64_t h_kv, int64_t d, uint64_t seed) {
   b = std::max<int64_t>(b, 0), s_q = std::max<int64_t>(s_q, 0), s_k = std::max<int64_t>(s_k, 0);
   h = std::max<int64_t>(h, 0), h_kv = std::max<int64_t>(h_kv, 0), d = std::max<int64_t>(d, 0);
+  // A wrapped product would allocate a small buffer and write past it (issue 26).
+  SuiteSizes sizes{};
+  if (const Status st = suite_sizes(b, s_q, s_k, h, h_kv, d, &sizes); !st.ok()) {
+    throw std::length_error("make_inputs: " + st.message());
+  }
   SuiteInputs in{{}, {}, {}, b, s_q, s_k, h, h_kv, d};
   // kv head read by query head `head`, kept in range even when h_kv does not divide h.
   const int64_t group = h_kv > 0 ? std::max<int64_t>(1, h / h_kv) : 1;

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "fp4attn/status.h"
+
 namespace fp4attn {
 
 enum class InputKind { kGaussian, kOutlierChannels, kLargeLogits, kNearUniform };
@@ -42,8 +44,21 @@ struct SuiteInputs {
 //    (non-sink, where possible) key's component orthogonal to u, plus 0.1 N(0, 1).
 //  * kNearUniform: q ~ 0.01 N(0, 1), k, v ~ N(0, 1): each row's logits lie within ~0.1.
 // Negative sizes are treated as 0. h_kv should divide h (query head i uses kv head i / (h/h_kv)).
+// Throws std::length_error with suite_sizes's message when the sizes overflow int64 or the
+// tensors exceed host_memory_limit() (core/checked_size.h); call suite_sizes first to get it as
+// a Status.
 SuiteInputs make_inputs(InputKind kind, int64_t b, int64_t s_q, int64_t s_k, int64_t h,
                         int64_t h_kv, int64_t d, uint64_t seed);
+
+// What make_inputs allocates for these sizes (negative ones read as 0): the elements of q
+// [b, s_q, h, d] and of k and of v [b, s_k, h_kv, d], and the bytes of all three (float32).
+struct SuiteSizes {
+  int64_t q_elements, kv_elements, bytes;
+};
+// An error naming the sizes (b, s_q, s_k, h, h_kv, d) when a product overflows int64 or the
+// bytes exceed host_memory_limit().
+Status suite_sizes(int64_t b, int64_t s_q, int64_t s_k, int64_t h, int64_t h_kv, int64_t d,
+                   SuiteSizes* out);
 
 // The suite's N(0, 1) generator, for other seeded tensors (e.g. an upstream gradient): a pure
 // function of (seed, stream, index), the same on every platform. Streams 1-7 are the suite's own

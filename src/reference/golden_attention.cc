@@ -49,6 +49,7 @@ void run_head(const HeadTask& t, int64_t b, int64_t h, RecipeStats* stats) {
   const double zscale = t.scale * std::numbers::log2e;
   const int64_t d = sh.d;
   std::vector<double> z(sh.s_k), acc(d);
+  const std::vector<char> v_finite = golden::finite_rows(vo.val, vo.rows, d);
   for (int64_t i = 0; i < sh.s_q; ++i) {
     int64_t n = sh.s_k;
     if (opt.causal) n = std::clamp<int64_t>(i + sh.s_k - sh.s_q + 1, 0, sh.s_k);
@@ -61,7 +62,7 @@ void run_head(const HeadTask& t, int64_t b, int64_t h, RecipeStats* stats) {
       const golden::RowP p = golden::make_row_p(z, n, opt);
       for (int64_t j = 0; j < n; ++j) {
         const double pj = p.p[j];
-        if (pj == 0) continue;
+        if (pj == 0 && v_finite[j]) continue;  // 0 * (inf or NaN) is NaN, as in float64
         const double* vj = &vo.val[j * d];
         for (int64_t c = 0; c < d; ++c) acc[c] += pj * vj[c];
       }

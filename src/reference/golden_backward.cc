@@ -329,7 +329,8 @@ Status golden_attention_backward(const TensorView& q, const TensorView& k, const
   const int64_t d = sh.d, slice = sh.s_k * d;
   std::vector<double> dk_part(sh.b * sh.h * slice, 0.0), dv_part(sh.b * sh.h * slice, 0.0);
   parallel_for(sh.b * sh.h, [&](int64_t bh) {
-    run_head(t, bh / sh.h, bh % sh.h, &dk_part[bh * slice], &dv_part[bh * slice]);
+    // data() + offset, not &v[offset]: with s_k = 0 the vectors are empty (UBSan's null binding).
+    run_head(t, bh / sh.h, bh % sh.h, dk_part.data() + bh * slice, dv_part.data() + bh * slice);
   });
 
   // Sum each GQA group in head order (deterministic), then store.

@@ -12,6 +12,7 @@
 #include "fp4attn/golden/golden.h"
 #include "fp4attn/numerics/formats.h"
 #include "reference/golden_operand_scores.h"
+#include "reference/golden_operands.h"
 #include "reference/golden_softmax.h"
 #include "validate/validate_attention.h"
 
@@ -91,6 +92,7 @@ void run_head(const ForwardOperands& in, const RecipeOptions& opt, const Dims& x
     }
   }
   const float* vf = in.v_scale.as<const float>() + kv_head * d;
+  const std::vector<char> v_finite = golden::finite_rows(v, x.s_k, d);
 
   std::vector<double> z(x.s_k), acc(d);
   for (int64_t i = 0; i < x.s_q; ++i) {
@@ -103,7 +105,7 @@ void run_head(const ForwardOperands& in, const RecipeOptions& opt, const Dims& x
       const golden::RowP p = golden::make_row_p(z, n, opt);
       for (int64_t j = 0; j < n; ++j) {
         const double pj = p.p[j];
-        if (pj == 0) continue;
+        if (pj == 0 && v_finite[j]) continue;  // 0 * (inf or NaN) is NaN, as in float64
         const double* vj = &v[j * d];
         for (int64_t c = 0; c < d; ++c) acc[c] += pj * vj[c];
       }

@@ -200,6 +200,14 @@ std::vector<double> smooth_keys(HeadMatrix* k) {
   return mean;
 }
 
+std::vector<char> finite_rows(const std::vector<double>& val, int64_t rows, int64_t cols) {
+  std::vector<char> finite(rows, 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) finite[r] = finite[r] && std::isfinite(val[r * cols + c]);
+  }
+  return finite;
+}
+
 double round_to_e4m3(double x) { return e4m3_to_float(float_to_e4m3(static_cast<float>(x))); }
 
 double round_to_bf16(double x) {
@@ -235,7 +243,10 @@ Operand prepare_v(const HeadMatrix& m, Recipe recipe, Emulation emu, float tenso
       Operand op{m.rows, m.cols, std::vector<double>(m.x.size()), std::vector<double>(m.cols)};
       std::vector<uint8_t> codes(m.rows);
       for (int64_t c = 0; c < m.cols; ++c) {
-        op.factor[c] = fp8_quantize_block(&m.x[c], static_cast<int>(m.rows), m.cols,
+        // With no tokens m.x is empty: &m.x[c] would bind a null reference (UBSan), and the
+        // block reads nothing.
+        const float* column = m.rows > 0 ? &m.x[c] : nullptr;
+        op.factor[c] = fp8_quantize_block(column, static_cast<int>(m.rows), m.cols,
                                           Fp8Format::kE4M3, codes.data());
         for (int64_t r = 0; r < m.rows; ++r) op.val[r * m.cols + c] = e4m3_to_float(codes[r]);
       }

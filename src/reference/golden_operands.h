@@ -52,6 +52,11 @@ void row_scores(const Operand& qo, const Operand& ko, int64_t i, int64_t n, doub
 // scale times this, and leaves the softmax unchanged.
 double q_dot_mean(const HeadMatrix& q, int64_t i, const std::vector<double>& kmean);
 
+// Per row of the row-major [rows, cols] matrix `val`: 1 when all of its values are finite. The PV
+// loops skip a key whose P is exactly 0 only when its V row is finite, so that 0 * inf gives NaN
+// as in float64 (numerics.md §4, "NaN"); one pass over V per head, not per query row.
+std::vector<char> finite_rows(const std::vector<double>& val, int64_t rows, int64_t cols);
+
 // E4M3 value of x (round to nearest even, satfinite): what folding a scale into FP8 does.
 double round_to_e4m3(double x);
 // BF16 value of x (round to nearest even).

@@ -70,6 +70,63 @@ expect_run(2 "--ds-scales: expected per-head or per-tile, got 'per-row'" grad --
 # -h is --help.
 expect_run(0 "--seqlen-q" run -h)
 
+# Sizes (issue 26): a product of flags that overflows int64, a flag past int32's range and a
+# problem too large for host memory are one-line errors naming the flags, not a crash or abort.
+function(expect_absent text)
+  execute_process(COMMAND ${FP4ATTN} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err)
+  string(FIND "${out}${err}" "${text}" pos)
+  if(NOT rc EQUAL 0 OR NOT pos EQUAL -1)
+    message(FATAL_ERROR "fp4attn ${ARGN}: exit code ${rc}, or output has '${text}':\n${out}${err}")
+  endif()
+endfunction()
+expect_run(2 "q elements: --batch * --seqlen-q * --heads * --head-dim = 1048576 * 33554432 * 4096 \
+* 128 overflows int64" run --batch 1048576 --heads 4096 --seqlen-q 33554432 --head-dim 128
+           --recipe bf16)
+expect_run(2 "--seqlen-q: expected an integer in [0, 2147483647], got '2147483648'" run
+           --seqlen-q 2147483648)
+expect_run(2 "--seqlen: expected an integer in [0, 2147483647]" grad --seqlen 2147483648)
+expect_run(2 "need 4294967297 cache slots, more than int32 slot indices address" decode
+           --batch 256 --context 16777216 --page-size 1 --heads 8 --kv-heads 8)
+# The memory limit is the machine's; a stated one (1 GiB) makes these refusals the same anywhere.
+set(ENV{FP4ATTN_HOST_MEMORY_LIMIT} 1073741824)
+expect_run(2 "the host buffers need 225.56 GiB, more than the 1.00 GiB of host memory allowed" run
+           --batch 16 --heads 64 --seqlen-q 65536)
+expect_run(2 "--batch, --context, --page-size, --heads, --kv-heads, --head-dim: the host buffers"
+           decode --batch 64 --context 1048576 --page-size 16 --heads 8 --kv-heads 8)
+expect_run(2 "--batch, --heads, --seqlen, --head-dim: the host buffers" grad --seqlen 65536
+           --heads 64 --recipe fp8)
+expect_run(2 "--batch, --heads, --seqlen, --head-dim: the host buffers" emulation --seqlen 1048576
+           --heads 64)
+unset(ENV{FP4ATTN_HOST_MEMORY_LIMIT})
+# Memory the machine refuses past the check (here a 300 MB address-space limit, below the first
+# 512 MB buffer; the problem's 3.5 GB pass the check on any CI machine) is still one line and exit
+# code 2: main() turns every exception into one (it aborted with rc 134).
+find_program(SH sh)
+if(SH)
+  execute_process(
+    COMMAND ${SH} -c "ulimit -v 300000 && exec \"$0\" \"$@\"" ${FP4ATTN} run --batch 1 --heads 8
+            --seqlen-q 131072 --head-dim 128 --recipe bf16
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  string(REGEX MATCHALL "\n" lines "${err}")
+  list(LENGTH lines n)
+  # The bad_alloc line (or, on a machine with less than 3.5 GB, the up-front refusal).
+  if(NOT rc EQUAL 2 OR NOT n EQUAL 1 OR NOT err MATCHES "^fp4attn run: (out of host memory|--batch)")
+    message(FATAL_ERROR "run under ulimit -v: exit code ${rc}, expected 2 and one line:\n${err}")
+  endif()
+endif()
+# Empty problems print n/a, not a perfect cos of 1.
+expect_run(0 "n/a" run --batch 0 --recipe bf16)
+expect_absent("1.00000" run --batch 0 --recipe bf16)
+expect_run(0 "n/a" run --seqlen-q 0 --recipe fp8 --heads 1 --head-dim 64)
+expect_run(0 "n/a" grad --batch 0 --recipe fp8)
+expect_run(0 "n/a" emulation --seqlen 0 --recipe nvfp4)
+# dS scales belong to the FP8 arithmetic; with float64 they mean nothing and are refused.
+expect_run(2 "--ds-scales: applies to --arithmetic fp8 only" grad --arithmetic f64 --ds-scales
+           per-head)
+expect_run(0 "float64 backward" grad --arithmetic f64 --recipe fp8 --seqlen 32 --heads 1
+           --head-dim 64)
+
 # --json goes through the one JSON writer (tools/common/json_writer.h): the files parse, and the
 # recorded command is the command line, quoted where a shell needs it.
 set(json_dir "${CMAKE_CURRENT_BINARY_DIR}/cli json")

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -232,6 +233,52 @@ TEST(Suite, NearUniformLogitsSpreadBelowPointTwo) {
       }
   EXPECT_LT(widest, 0.2);
   EXPECT_GT(widest, 0.0);
+}
+
+// Sizes whose product wraps (b * s * h * d = 2^64 wrapped to 0) were allocated empty and written
+// past (a segfault, issue 26); now an error naming the sizes, before anything is allocated.
+TEST(Suite, SizesThatOverflowAreAnErrorNamingThem) {
+  const int64_t b = 1 << 20, s = 1 << 25, h = 4096, d = 128;
+  SuiteSizes sizes{};
+  const Status st = suite_sizes(b, s, s, h, h, d, &sizes);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.message(),
+            "q elements: b * s_q * h * d = 1048576 * 33554432 * 4096 * 128 overflows int64");
+  try {
+    (void)make_inputs(InputKind::kGaussian, b, s, s, h, h, d, 0);
+    ADD_FAILURE() << "make_inputs accepted sizes whose product overflows";
+  } catch (const std::length_error& e) {
+    EXPECT_EQ(std::string(e.what()), "make_inputs: " + st.message());
+  }
+  // The bytes of q + k + v overflow although each tensor's elements fit.
+  const Status bytes =
+      suite_sizes(1, int64_t(1) << 40, int64_t(1) << 40, 1 << 12, 1 << 12, 1 << 9, &sizes);
+  ASSERT_FALSE(bytes.ok());
+  EXPECT_NE(bytes.message().find("the byte count overflows int64"), std::string::npos);
+}
+
+TEST(Suite, SizesAboveTheHostMemoryLimitAreRefused) {
+  SuiteSizes sizes{};
+  ASSERT_TRUE(suite_sizes(1, 300, 200, 4, 2, 64, &sizes).ok());
+  EXPECT_EQ(sizes.q_elements, 300 * 4 * 64);
+  EXPECT_EQ(sizes.kv_elements, 200 * 2 * 64);
+  EXPECT_EQ(sizes.bytes, 4 * (300 * 4 * 64 + 2 * 200 * 2 * 64));
+  setenv("FP4ATTN_HOST_MEMORY_LIMIT", "100000", 1);
+  const Status st = suite_sizes(1, 300, 200, 4, 2, 64, &sizes);
+  bool threw = false;
+  try {
+    (void)make_inputs(InputKind::kGaussian, 1, 300, 200, 4, 2, 64, 0);
+  } catch (const std::length_error&) {
+    threw = true;
+  }
+  unsetenv("FP4ATTN_HOST_MEMORY_LIMIT");
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.message().rfind("suite inputs q, k, v (b, s_q, s_k, h, h_kv, d = 1, 300, 200, 4, 2, "
+                               "64): the host buffers need 500.00 KiB, more than the 97.66 KiB",
+                               0),
+            0u)
+      << st.message();
+  EXPECT_TRUE(threw);
 }
 
 }  // namespace
