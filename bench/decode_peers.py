@@ -46,10 +46,13 @@ def case_name(b, l):
     return f"b{b}-L{l}"
 
 
-def merge(ours_path, peers_path, out_path, command, api_path=None):
+def merge(ours_path, peers_path, out_path, command, api_paths=()):
     ours = json.load(open(ours_path))
     peers_doc = json.load(open(peers_path))
-    api_doc = json.load(open(api_path)) if api_path else None
+    api_docs = [json.load(open(p)) for p in api_paths or ()]
+    # Several API runs (e.g. s_q = 1 and speculative s_q = 4) join as one.
+    api_doc = {"records": [r for d in api_docs for r in d.get("records", [])],
+               "command": " ; ".join(d.get("command") or "" for d in api_docs)} if api_docs else None
     by_case = {}
     for p in peers_doc.get("records", []):
         by_case.setdefault(p["case"], {})[p["peer"]] = p
@@ -85,7 +88,8 @@ def merge(ours_path, peers_path, out_path, command, api_path=None):
         if "recipe" not in r:
             continue  # the peer's own timings stay in "peers"
         records.append(r)
-        s = summary.setdefault(f"{r['recipe']} {r['path']}", {"points": 0, "errors": 0,
+        sq = f" s_q {r['s_q']}" if r.get("s_q", 1) != 1 else ""
+        s = summary.setdefault(f"{r['recipe']} {r['path']}{sq}", {"points": 0, "errors": 0,
                                "speedups": [], "meets_target": True, "min_cos": None})
         s["points"] += 1
         if "speedup" in r:
@@ -205,7 +209,8 @@ def main():
     ap.add_argument("--merge", nargs=2, metavar=("OURS", "PEERS"),
                     help="merge fp4attn_bench decode's JSON and this script's into -o")
     ap.add_argument("-o", "--output", help="the merged record (with --merge)")
-    ap.add_argument("--api", help="bench/decode_api.py's JSON of the same call (with --merge)")
+    ap.add_argument("--api", nargs="+", default=(),
+                    help="bench/decode_api.py's JSON files of the same call (with --merge)")
     ap.add_argument("--command", default=None, help="the command recorded in the merged JSON")
     ap.add_argument("--quick", action="store_true", help="4 points, shorter timing")
     ap.add_argument("--points", help="b:L pairs instead of the grid, e.g. 32:4096,1:32768")
