@@ -104,6 +104,9 @@ Status run_gpu(const Problem& pb, Inputs* in, DType grad_type, bool deterministi
       dout(in->dout.size());
   DeviceArray<float> lse(pb.b * pb.h * pb.s_q), row_max(pb.b * pb.h * pb.s_q);
   cudaMemset(row_max.ptr, 0xFF, pb.b * pb.h * pb.s_q * sizeof(float));  // NaN: must be written
+  // O too: the forward must write every element (and compute-sanitizer initcheck does not see
+  // its TMA stores, so an unpoisoned O reads as uninitialized in the backward's prep pass).
+  cudaMemset(o.ptr, 0xFF, pb.nq() * sizeof(uint16_t));
   q.upload(in->q);
   k.upload(in->k);
   v.upload(in->v);
