@@ -6,6 +6,7 @@ get the same errors as real ones; the C++ entry points check everything again.
 from __future__ import annotations
 
 import math
+import struct
 
 import torch
 
@@ -47,6 +48,72 @@ def check_choice(value: object, name: str, choices: tuple) -> str:
     return value
 
 
+# ---- Python floats that cross into float32 ------------------------------------------------------
+# The C++ entry points and the kernels take these scalars as float32 (the CPU golden model reads
+# some as float64, the GPU always as float32), so each is checked in the float32 it becomes: a
+# value that rounds to inf, to 0 (which means "computed" or "the default" past the border) or to a
+# subnormal is refused, never converted silently. A scale's range is the one the library computes
+# itself for finite inputs, less the subnormals (docs/numerics.md §9).
+
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)  # 2^-126, the smallest normal float32
+# softmax_scale: the kernels' factor softmax_scale * log2(e) is a float32.
+SOFTMAX_SCALE_MAX = FLOAT32_MAX / math.log2(math.e)
+_E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
+# A static NVFP4 encode scale s_enc: fp4attn computes 6 * top / amax_tensor clamped to FLT_MAX
+# (quantize.h nvfp4_tensor_scale; top 448, or 384 = kRestrictedScaleMax for the restricted rule),
+# so no finite tensor gets one below 6 * 384 / FLT_MAX = 6.8e-36; below 2.4e-38 the operand
+# factor 8 / s_enc overflows float32 and every output is NaN.
+NVFP4_ENCODE_SCALE_RANGE = (6 * 384 / FLOAT32_MAX, FLOAT32_MAX)
+# The FP8 paged cache's decode scale (x = e4m3 * scale, calibrated as amax / 448): e4m3 * scale
+# stays finite up to FLT_MAX / 448.
+FP8_DECODE_SCALE_RANGE = (FLOAT32_TINY, FLOAT32_MAX / _E4M3_MAX)
+
+
+def _as_float32(value: float) -> float:
+    """value rounded to float32 (RNE, as a C++ static_cast<float>), +-inf when it overflows."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:  # struct refuses finite doubles beyond float32's range
+        return math.copysign(math.inf, value)
+
+
+def check_float32(
+    value: float,
+    name: str,
+    lo: float,
+    hi: float,
+    alternative: str | None = None,
+    expected: str = "a finite value > 0",
+) -> float:
+    """The one check of a Python number (a float64) that becomes a float32 past the border: the
+    float32 it rounds to must lie in [lo, hi] (lo >= FLOAT32_TINY, so that nothing becomes 0, a
+    subnormal or inf). `alternative`: what the caller's special value means ("None = computed");
+    `expected`: the message's words for what is accepted. Returns float(value), unrounded: the
+    CPU paths that read it as float64 keep it."""
+    try:
+        x = float(value)
+    except OverflowError:  # an int beyond float64
+        x = math.copysign(math.inf, value)
+    f = _as_float32(x)
+    if lo <= f <= hi:
+        return x
+    if math.isfinite(x) and x != 0:
+        note = (
+            " (inf in float32)" if math.isinf(f)
+            else " (0 in float32)" if f == 0
+            else " (subnormal in float32)" if abs(f) < FLOAT32_TINY
+            else ""
+        )  # fmt: skip
+    else:
+        note = ""
+    tail = f" ({alternative})" if alternative else ""
+    raise ValueError(
+        f"{name}: expected {expected}, got {value!r}{note}; as a float32 it must lie in "
+        f"[{lo:.3g}, {hi:.3g}]{tail}"
+    )
+
+
 def check_softmax_scale(softmax_scale: object) -> float:
     """None -> 0.0, which the C++ side resolves to 1/sqrt(head_dim)."""
     if softmax_scale is None:
@@ -55,9 +122,9 @@ def check_softmax_scale(softmax_scale: object) -> float:
         raise TypeError(
             f"softmax_scale: expected a float or None, got {type(softmax_scale).__name__}"
         )
-    if not math.isfinite(softmax_scale) or softmax_scale <= 0:
-        raise ValueError(f"softmax_scale: expected a finite value > 0, got {softmax_scale}")
-    return float(softmax_scale)
+    return check_float32(
+        softmax_scale, "softmax_scale", FLOAT32_TINY, SOFTMAX_SCALE_MAX, "None = 1/sqrt(head_dim)"
+    )
 
 
 def _type_name(value: object) -> str:
@@ -122,9 +189,7 @@ def check_tensor_scale(value: float | None, name: str) -> float:
         return 0.0
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(f"{name}: expected a float or None, got {type(value).__name__}")
-    if not value > 0 or value == float("inf"):
-        raise ValueError(f"{name}: expected a finite value > 0 (None = computed), got {value}")
-    return float(value)
+    return check_float32(value, name, *NVFP4_ENCODE_SCALE_RANGE, "None = computed")
 
 
 def check_last_dim_contiguous(t: torch.Tensor, name: str) -> None:

@@ -203,6 +203,38 @@ def _check_operands(qkv: QuantizedQKV) -> None:
     if qkv.out_dtype not in allowed:
         raise TypeError(f"out_dtype: {qkv.out_dtype} is not supported on {qkv.device.type}")
     _checks.check_head_dim(qkv.q_data.shape[3], "q_data")
+    ts = qkv.tensor_scales
+    if not isinstance(ts, tuple) or len(ts) != 3:
+        raise TypeError(f"tensor_scales: expected a tuple of 3 floats (q, k, v), got {ts!r}")
+    for i, s in enumerate(ts):
+        if isinstance(s, bool) or not isinstance(s, (int, float)):
+            raise TypeError(f"tensor_scales[{i}]: expected a float, got {type(s).__name__}")
+        if s != 0:
+            _checks.check_float32(
+                s, f"tensor_scales[{i}]", *_checks.NVFP4_ENCODE_SCALE_RANGE,
+                expected="0 (computed) or a finite value > 0",
+            )  # fmt: skip
+    _check_scale_values(qkv)
+
+
+def _check_scale_values(qkv: QuantizedQKV) -> None:
+    """The scale tensors of a hand-built QuantizedQKV: >= 0 or NaN (the quantizers write NaN for a
+    block with a NaN or Inf, which numerics.md's NaN rule carries to O; never a negative or an
+    infinite scale). Read on the host, so checked on plain CPU tensors only (not fake ones, under
+    torch.compile); on CUDA a check would need a device-to-host copy (a sync), and is not made."""
+    if qkv.device.type != "cpu" or torch.compiler.is_compiling():
+        return
+    for name in ("q_scale", "k_scale", "v_scale"):
+        t = getattr(qkv, name)
+        if type(t) is not torch.Tensor or t.dtype != torch.float32:
+            continue  # a subclass (FakeTensor) has no values; a wrong dtype is the C++ check's
+        bad = (t < 0) | torch.isinf(t)
+        if bool(bad.any()):
+            index = tuple(int(i) for i in bad.nonzero()[0])
+            raise ValueError(
+                f"{name}: expected values >= 0 (or NaN, the quantizers' mark of a non-finite "
+                f"block), got {float(t[index])} at {index}"
+            )
 
 
 def _check_sources(qkv: QuantizedQKV) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

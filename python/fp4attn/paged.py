@@ -94,12 +94,18 @@ class PagedKVCache:
                 f"num_pages: num_pages * page_size = {num_pages * page_size} slots do not fit the "
                 "int32 slot mapping"
             )
+        # Stored as float32: checked in float32 (an NVFP4 s_enc, or FP8's decode scale).
+        scale_range = (
+            _checks.NVFP4_ENCODE_SCALE_RANGE
+            if format == "nvfp4"
+            else _checks.FP8_DECODE_SCALE_RANGE
+        )
         for value, name in ((k_global, "k_global"), (v_global, "v_global")):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"{name}: expected a float, got {type(value).__name__}")
-            if not (value == 0 or 0 < value < float("inf")):
-                raise ValueError(
-                    f"{name}: expected 0 (calibrate) or a finite value > 0, got {value}"
+            if value != 0:
+                _checks.check_float32(
+                    value, name, *scale_range, expected="0 (calibrate) or a finite value > 0"
                 )
         shape = (num_pages, page_size, kv_heads)
         if format == "nvfp4":
@@ -362,6 +368,16 @@ def _check_query(q, cache, block_tables, seq_lens, softmax_scale, causal, cu_seq
     return scale
 
 
+def _check_no_grad(q: torch.Tensor) -> None:
+    """decode has no backward (its ops have no autograd formula): a q that asks for a gradient is
+    refused, as the rest of the API refuses what autograd cannot do, rather than detached."""
+    if torch.is_grad_enabled() and q.requires_grad:
+        raise UnsupportedError(
+            "q: requires grad, but decode has no backward; call it under torch.no_grad() or "
+            "torch.inference_mode(), or pass q.detach()"
+        )
+
+
 def _geometry(cache: PagedKVCache) -> tuple:
     return (cache.format, cache.page_size, cache.kv_heads, cache.head_dim, cache.device)
 
@@ -476,6 +492,7 @@ class DecodePlan:
         _checks.check_bool(return_lse, "return_lse")
         _check_query(q, cache, block_tables, seq_lens, self._scale_arg, self.causal, cu_seqlens_q)
         self._check_run(q, cache, block_tables, cu_seqlens_q)
+        _check_no_grad(q)
         args = (q, cu_seqlens_q, *cache._tensors(), block_tables, seq_lens, self.softmax_scale,
                 self.causal)  # fmt: skip
         tail = (self.workspace, self.num_splits, cache.errors)
@@ -550,6 +567,8 @@ def decode(
     o, through a DecodePlan made for this call: no host copy or sync, so a bad index gives NaN
     rows and sets the cache's error flag (cache.check_errors()). An engine that calls decode per
     layer makes the DecodePlan once per step instead (and can capture run in a CUDA graph).
+    No autograd: a q that requires grad raises UnsupportedError unless grad mode is off
+    (torch.no_grad(), torch.inference_mode()).
     """
     plan = DecodePlan(cache, q, block_tables, cu_seqlens_q, causal, softmax_scale)
     return plan.run(q, cache, block_tables, seq_lens, cu_seqlens_q, return_lse=return_lse)

@@ -16,7 +16,7 @@ from . import _checks
 from .api import attn_func
 
 
-def _offsets(cu: object, name: str, total: int) -> list[int]:
+def _offsets(cu: object, name: str, total: int, q: torch.Tensor) -> list[int]:
     if not isinstance(cu, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(cu).__name__}")
     if cu.dim() != 1 or cu.numel() < 1:
@@ -25,6 +25,7 @@ def _offsets(cu: object, name: str, total: int) -> list[int]:
         )
     if cu.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{name}: expected int32 (or int64) offsets, got {cu.dtype}")
+    _checks.check_device(cu, name, q, "q")  # flash_attn_varlen_func's rule too
     offsets = [int(x) for x in cu.tolist()]
     if offsets[0] != 0:
         raise ValueError(f"{name}: must start at 0, got {offsets[0]}")
@@ -62,17 +63,23 @@ def attn_varlen_func(
     """Attention over packed sequences i = tokens [cu_seqlens[i], cu_seqlens[i + 1]).
 
     q [total_q, h, d], k and v [total_k, h_kv, d] (dtypes and devices as attn_func), offsets of
-    batch + 1 entries starting at 0. max_seqlen_q/k are accepted for flash_attn_varlen_func
-    compatibility and checked when given. causal is bottom-right aligned per sequence. Returns o
-    [total_q, h, d] (tokens past cu_seqlens_q[-1] are 0), and with return_lse also lse float32
-    [h, total_q] (natural log; +inf for rows without keys), FlashAttention's varlen layout.
+    batch + 1 entries starting at 0, on q's device. max_seqlen_q/k are accepted for
+    flash_attn_varlen_func compatibility and checked when given. causal is bottom-right aligned
+    per sequence. Returns o [total_q, h, d] (tokens past cu_seqlens_q[-1] are 0), and with
+    return_lse also lse float32 [h, total_q] (natural log; +inf for rows without keys),
+    FlashAttention's varlen layout.
     """
     q, k, v = _packed(q, "q"), _packed(k, "k"), _packed(v, "v")
+    if v.shape != k.shape:  # each sequence's slice of v would be taken at k's offsets
+        raise ValueError(f"v: expected shape {tuple(k.shape)} like k, got {tuple(v.shape)}")
+    for t, name in ((k, "k"), (v, "v")):
+        _checks.check_device(t, name, q, "q")
+    _checks.check_softmax_scale(softmax_scale)
     _checks.check_bool(causal, "causal")
     _checks.check_bool(return_lse, "return_lse")
     _checks.check_recipe(recipe)
-    cq = _offsets(cu_seqlens_q, "cu_seqlens_q", q.shape[0])
-    ck = _offsets(cu_seqlens_k, "cu_seqlens_k", k.shape[0])
+    cq = _offsets(cu_seqlens_q, "cu_seqlens_q", q.shape[0], q)
+    ck = _offsets(cu_seqlens_k, "cu_seqlens_k", k.shape[0], q)
     if len(cq) != len(ck):
         raise ValueError(
             f"cu_seqlens_k: {len(ck) - 1} sequences, but cu_seqlens_q has {len(cq) - 1}"
