@@ -257,10 +257,13 @@ def _check_int32(t: object, name: str, rank: int, dims: str) -> torch.Tensor:
 
 
 def _check_tables(block_tables: object, seq_lens: object, cache: PagedKVCache) -> int:
-    """block_tables int32 [batch, max_pages], seq_lens int32 [batch] on the cache's device."""
+    """block_tables int32 [batch, max_pages], seq_lens int32 [batch] on the cache's device
+    (seq_lens None: block_tables alone, as a plan sees them)."""
     _check_int32(block_tables, "block_tables", 2, "(batch, max_pages)")
-    _check_int32(seq_lens, "seq_lens", 1, "(batch)")
     _checks.check_device(block_tables, "block_tables", cache.k_data, "the cache")
+    if seq_lens is None:
+        return block_tables.shape[0]
+    _check_int32(seq_lens, "seq_lens", 1, "(batch)")
     _checks.check_device(seq_lens, "seq_lens", cache.k_data, "the cache")
     if seq_lens.shape[0] != block_tables.shape[0]:
         raise ValueError(
@@ -320,7 +323,8 @@ def append_kv(
 
 
 def _check_query(q, cache, block_tables, seq_lens, softmax_scale, causal, cu_seqlens_q):
-    """The shape, dtype and device checks of a decode call; returns the softmax scale."""
+    """The shape, dtype and device checks of a decode call (seq_lens None: all but the lengths,
+    as a plan checks them); returns the softmax scale."""
     check_cache(cache)
     varlen = cu_seqlens_q is not None
     if varlen:
@@ -412,13 +416,11 @@ class DecodePlan:
         max_seq_len: int | None = None,
         num_splits: int | None = None,
     ):
-        check_cache(cache)
-        batch = block_tables.shape[0] if isinstance(block_tables, torch.Tensor) else None
-        # The checks of a run, on stand-in lengths (only shapes are read).
-        lens = torch.zeros(batch or 0, dtype=torch.int32, device=cache.device)
+        # The checks of a run but the lengths, which the plan does not see.
         self.softmax_scale = _check_query(
-            q, cache, block_tables, lens, softmax_scale, causal, cu_seqlens_q
+            q, cache, block_tables, None, softmax_scale, causal, cu_seqlens_q
         )
+        batch = block_tables.shape[0]
         self._scale_arg = softmax_scale  # as given, for the run's checks
         self.causal = causal
         self.varlen = cu_seqlens_q is not None
@@ -492,6 +494,10 @@ class DecodePlan:
         _checks.check_bool(return_lse, "return_lse")
         _check_query(q, cache, block_tables, seq_lens, self._scale_arg, self.causal, cu_seqlens_q)
         self._check_run(q, cache, block_tables, cu_seqlens_q)
+        return self._launch(q, cache, block_tables, seq_lens, cu_seqlens_q, out, lse, return_lse)
+
+    def _launch(self, q, cache, block_tables, seq_lens, cu_seqlens_q, out, lse, return_lse):
+        """run after its argument checks (decode() made the plan from these very arguments)."""
         _check_no_grad(q)
         args = (q, cu_seqlens_q, *cache._tensors(), block_tables, seq_lens, self.softmax_scale,
                 self.causal)  # fmt: skip
@@ -570,5 +576,8 @@ def decode(
     No autograd: a q that requires grad raises UnsupportedError unless grad mode is off
     (torch.no_grad(), torch.inference_mode()).
     """
+    # The plan checks every argument but seq_lens (and return_lse): check those, not all again.
     plan = DecodePlan(cache, q, block_tables, cu_seqlens_q, causal, softmax_scale)
-    return plan.run(q, cache, block_tables, seq_lens, cu_seqlens_q, return_lse=return_lse)
+    _checks.check_bool(return_lse, "return_lse")
+    _check_tables(block_tables, seq_lens, cache)
+    return plan._launch(q, cache, block_tables, seq_lens, cu_seqlens_q, None, None, return_lse)
