@@ -1,19 +1,20 @@
 """fp4attn: FP4/FP8 attention for PyTorch (NVIDIA Hopper kernels, a CPU golden model).
 
-    o = fp4attn.attn_func(q, k, v, causal=True, recipe="nvfp4")   # like flash_attn_func
+    o = fp4attn.attn_func(q, k, v, causal=True)   # the default recipe, fp8
+    o = fp4attn.attn_func(q, k, v, causal=True, recipe="nvfp4")
 
 CPU tensors run on the golden model (the bit-exact definition of every recipe, slow); CUDA
 tensors on the GPU kernels. See docs/python.md.
 """
 
+from ._defaults import get_default_recipe, set_default_recipe, use_recipe
 from ._layout import RECIPES
 from ._native import _C, UnsupportedError
+from ._version import __version__ as __version__
 from .api import attn_func, attn_quantized, fake_quantize, quantize_qkv
 from .paged import DecodePlan, PagedKVCache, append_kv, decode
 from .quantized import QuantizedQKV, quantize_q
 from .varlen import attn_varlen_func
-
-__version__ = "0.1.0"
 
 
 def cuda_available() -> bool:
@@ -37,6 +38,9 @@ __all__ = [
     "cuda_available",
     "decode",
     "fake_quantize",
+    "get_default_recipe",
     "quantize_q",
     "quantize_qkv",
+    "set_default_recipe",
+    "use_recipe",
 ]

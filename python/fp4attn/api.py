@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks, _layout, _ops
+from . import _checks, _defaults, _layout, _ops
 from .quantized import QuantizedQKV
 
 
@@ -15,7 +15,7 @@ def attn_func(
     v: torch.Tensor,
     softmax_scale: float | None = None,
     causal: bool = False,
-    recipe: str = "nvfp4",
+    recipe: str | None = None,
     return_lse: bool = False,
     layout: str = "bshd",
     d_source: str = "forward-o",
@@ -50,7 +50,7 @@ def attn_func(
     scale = _checks.check_softmax_scale(softmax_scale)
     _checks.check_bool(causal, "causal")
     _checks.check_bool(return_lse, "return_lse")
-    _checks.check_recipe(recipe)
+    recipe = _defaults.resolve(recipe)
     _checks.check_choice(d_source, "d_source", _checks.D_SOURCES)
     _checks.check_bool(smooth_k, "smooth_k")
     qb, kb, vb = _layout.to_bshd(q, layout), _layout.to_bshd(k, layout), _layout.to_bshd(v, layout)
@@ -93,7 +93,7 @@ def _operands_cuda(q, k, v, recipe, scale, causal, d_source, smooth_k):
 
 def fake_quantize(
     x: torch.Tensor,
-    recipe: str = "nvfp4",
+    recipe: str | None = None,
     role: str = "q",
     layout: str = "bshd",
     tensor_scale: float | None = None,
@@ -107,7 +107,7 @@ def fake_quantize(
     scale of the kernel operand, exact in float64; another out_dtype rounds them once (RNE).
     """
     _checks.check_layout(layout)
-    _checks.check_recipe(recipe)
+    recipe = _defaults.resolve(recipe)
     _checks.check_choice(role, "role", _checks.ROLES)
     seq = "seqlen_q" if role == "q" else "seqlen_k"
     dims = (
@@ -132,7 +132,7 @@ def quantize_qkv(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    recipe: str = "nvfp4",
+    recipe: str | None = None,
     layout: str = "bshd",
     q_tensor_scale: float | None = None,
     k_tensor_scale: float | None = None,
@@ -148,7 +148,7 @@ def quantize_qkv(
     """
     _checks.check_layout(layout)
     _checks.check_qkv(q, k, v, layout)
-    _checks.check_recipe(recipe)
+    recipe = _defaults.resolve(recipe)
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         _checks.check_quantize_dtype(t, name)
     scales = [

@@ -23,7 +23,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from . import _checks, _layout, _ops
+from . import _checks, _defaults, _layout, _ops
 from .api import attn_func
 
 TILE = _layout.SCALE_TILE  # tokens per Q/K scale tile: shards start on a tile
@@ -265,7 +265,7 @@ def ulysses_attn_func(
     v: torch.Tensor,
     softmax_scale: float | None = None,
     causal: bool = False,
-    recipe: str = "nvfp4",
+    recipe: str | None = None,
     return_lse: bool = False,
     layout: str = "bshd",
     group=None,
@@ -283,6 +283,7 @@ def ulysses_attn_func(
     """
     _require_group(group)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
+    recipe = _defaults.get_default_recipe() if recipe is None else recipe  # checked collectively
     base = _local_checks(q, k, v, softmax_scale, causal, recipe, layout, zigzag)
 
     def checks():
@@ -575,7 +576,7 @@ def ring_attn_func(
     v: torch.Tensor,
     softmax_scale: float | None = None,
     causal: bool = False,
-    recipe: str = "nvfp4",
+    recipe: str | None = None,
     return_lse: bool = False,
     layout: str = "bshd",
     group=None,
@@ -600,6 +601,7 @@ def ring_attn_func(
     """
     _require_group(group)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
+    recipe = _defaults.get_default_recipe() if recipe is None else recipe  # checked collectively
     base = _local_checks(q, k, v, softmax_scale, causal, recipe, layout, zigzag)
 
     def checks():

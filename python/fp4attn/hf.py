@@ -1,7 +1,7 @@
 """Hugging Face transformers integration: `fp4attn.hf.register()` adds "fp4attn" as an
 `attn_implementation` (transformers' AttentionInterface), so a model switches to fp4attn with
 
-    fp4attn.hf.register(recipe="nvfp4")
+    fp4attn.hf.register()                  # the default recipe (fp4attn.set_default_recipe)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="fp4attn")
 
 Padding masks, sliding windows, softcapping, dropout, attention sinks (gpt-oss's `s_aux`) and
@@ -11,7 +11,7 @@ ignored: the result would silently differ from the model's definition otherwise.
 
 from __future__ import annotations
 
-from . import _checks
+from . import _defaults
 from ._native import UnsupportedError
 from .api import attn_func
 
@@ -53,12 +53,14 @@ def _attention(recipe: str):
     return forward
 
 
-def register(name: str = "fp4attn", recipe: str = "nvfp4") -> str:
-    """Registers attention (and its mask function) under `name` for `recipe`; returns `name`."""
+def register(name: str = "fp4attn", recipe: str | None = None) -> str:
+    """Registers attention (and its mask function) under `name` for `recipe` (None: the default
+    recipe at each call, fp4attn.set_default_recipe / use_recipe); returns `name`."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
-    _checks.check_recipe(recipe)
+    if recipe is not None:
+        _defaults.resolve(recipe)  # checked now, not at the first forward
     AttentionInterface.register(name, _attention(recipe))
     # FlashAttention's mask function gives None for unpadded batches and the 2-D padding mask
     # otherwise, which forward() then refuses.

@@ -8,7 +8,7 @@ import dataclasses
 
 import torch
 
-from . import _checks, _layout, _ops
+from . import _checks, _defaults, _layout, _ops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,13 +92,13 @@ class QuantizedQKV:
 
 def quantize_q(
     q: torch.Tensor,
-    recipe: str = "nvfp4",
+    recipe: str | None = None,
     layout: str = "bshd",
     tensor_scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Q operand alone (q_data, q_scale), e.g. a new query against quantized K/V."""
     _checks.check_layout(layout)
-    _checks.check_recipe(recipe)
+    recipe = _defaults.resolve(recipe)
     dims = (
         "(batch, seqlen_q, heads, head_dim)"
         if layout == "bshd"

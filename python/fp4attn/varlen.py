@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks
+from . import _checks, _defaults
 from .api import attn_func
 
 
@@ -57,7 +57,7 @@ def attn_varlen_func(
     max_seqlen_k: int | None = None,
     softmax_scale: float | None = None,
     causal: bool = False,
-    recipe: str = "nvfp4",
+    recipe: str | None = None,
     return_lse: bool = False,
 ):
     """Attention over packed sequences i = tokens [cu_seqlens[i], cu_seqlens[i + 1]).
@@ -77,7 +77,7 @@ def attn_varlen_func(
     _checks.check_softmax_scale(softmax_scale)
     _checks.check_bool(causal, "causal")
     _checks.check_bool(return_lse, "return_lse")
-    _checks.check_recipe(recipe)
+    recipe = _defaults.resolve(recipe)
     cq = _offsets(cu_seqlens_q, "cu_seqlens_q", q.shape[0], q)
     ck = _offsets(cu_seqlens_k, "cu_seqlens_k", k.shape[0], q)
     if len(cq) != len(ck):
