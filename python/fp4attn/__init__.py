@@ -7,6 +7,8 @@ CPU tensors run on the golden model (the bit-exact definition of every recipe, s
 tensors on the GPU kernels. See docs/python.md.
 """
 
+from . import _version
+
 # The drop-in shims (docs/dropin.md), reachable as fp4attn.flash_attn and so on.
 from . import flash_attn as flash_attn
 from . import flash_attn_interface as flash_attn_interface
@@ -14,13 +16,14 @@ from . import sdpa as sdpa
 from ._defaults import get_default_recipe, set_default_recipe, use_recipe
 from ._layout import RECIPES
 from ._native import _C, UnsupportedError
-from ._version import __version__ as __version__
 from .api import attn_func, attn_quantized, fake_quantize, quantize_qkv
 from .paged import DecodePlan, PagedKVCache, append_kv, decode
 from .quantized import QuantizedQKV, quantize_q
 from .sage import sageattn
 from .sdpa import scaled_dot_product_attention
 from .varlen import attn_varlen_func
+
+__version__ = _version.__version__
 
 
 def cuda_available() -> bool:

@@ -189,10 +189,30 @@ class PagedKVCache:
         return k[:, :max_len], v[:, :max_len]
 
 
+_CHECKED_FIELDS = ("format", "rule", "k_data", "v_data", "k_scales", "v_scales", "k_global",
+                   "v_global", "errors")  # fmt: skip
+
+
 def check_cache(cache: object) -> PagedKVCache:
-    """Types, dtypes, shapes and devices of a PagedKVCache's tensors."""
+    """Types, dtypes, shapes and devices of a PagedKVCache's tensors.
+
+    A cache whose fields are the very objects of its last successful check is not checked again:
+    every decode and append of a serving step checks the cache, and a full check costs tens of
+    microseconds of host time (what an eager decode step spends). A field assigned anew is checked
+    again; a tensor resized in place (resize_, set_) is not seen here but is refused by the C++
+    entry points, which check every shape they receive."""
     if not isinstance(cache, PagedKVCache):
         raise TypeError(f"cache: expected a fp4attn.PagedKVCache, got {type(cache).__name__}")
+    fields = tuple(getattr(cache, name) for name in _CHECKED_FIELDS)
+    checked = cache.__dict__.get("_checked")
+    if checked is not None and all(a is b for a, b in zip(fields, checked)):
+        return cache
+    _check_cache_fields(cache)
+    cache.__dict__["_checked"] = fields
+    return cache
+
+
+def _check_cache_fields(cache: PagedKVCache) -> None:
     _checks.check_choice(cache.format, "cache.format", FORMATS)
     _checks.check_choice(cache.rule, "cache.rule", SCALE_RULES)
     fp4 = cache.format == "nvfp4"
@@ -238,7 +258,6 @@ def check_cache(cache: object) -> PagedKVCache:
         t = getattr(cache, name)
         if t is not None:
             _checks.check_device(t, f"cache.{name}", kd, "cache.k_data")
-    return cache
 
 
 def _check_errors_tensor(t: object) -> None:

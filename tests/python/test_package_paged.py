@@ -444,3 +444,21 @@ def test_cuda_int64_slots_are_read_at_full_width():
     assert int(cache.k_data.view(torch.uint8).count_nonzero()) == 0
     append_kv(cache, k[:1], k[:1], torch.tensor([3], device="cuda"))  # a real slot is written
     assert int(cache.k_data[0, 3].view(torch.uint8).count_nonzero()) > 0
+
+
+def test_check_cache_sees_a_field_assigned_after_a_check():
+    """check_cache skips a cache whose fields are the objects it last checked; a field assigned
+    anew is checked again."""
+    from fp4attn.paged import check_cache
+
+    cache = fp4attn.PagedKVCache.empty(4, 16, 2, 64)
+    assert check_cache(cache) is cache
+    assert check_cache(cache) is cache  # the memo path
+    good = cache.k_data
+    cache.k_data = good.view(torch.int8)
+    with pytest.raises(TypeError, match="cache.k_data: expected dtype uint8"):
+        check_cache(cache)
+    cache.k_data = good
+    cache.format = "fp8"
+    with pytest.raises((TypeError, ValueError), match="cache"):
+        check_cache(cache)
