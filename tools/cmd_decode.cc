@@ -3,12 +3,14 @@
 // model on the CPU or the decode kernel on the GPU; accuracy against float64 attention of the
 // unquantized tokens, time and the cache bytes read per second.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "cli_args.h"
 #include "cli_inputs.h"
+#include "cli_output.h"
 #include "commands.h"
 #include "core/half.h"
 #include "core/parallel.h"
@@ -36,6 +38,8 @@ const std::vector<FlagSpec> kDecodeFlags = {
     {"backend", true,
      "'auto' (the GPU kernel where it runs, else the golden model), 'gpu' or 'cpu'", "auto"},
     {"seed", true, "input seed", "0"},
+    json_flag(),
+    quiet_flag(),
     {"help", false, "show this help", ""},
 };
 
@@ -115,6 +119,31 @@ std::vector<KvCacheFormat> parse_formats(const Args& a) {
   throw UsageError("--format: expected nvfp4, fp8 or all, got '" + f + "'");
 }
 
+// One row of the table and of --json.
+struct DecodeRow {
+  std::string input, format;
+  double cache_mb, ms, gbps;  // gbps: NaN on the golden model (its time is not a bandwidth)
+  ErrorStats vs_f64;
+  double vs_golden_rel_l2;  // the GPU output against the golden model; NaN without the GPU
+};
+
+void write_json(const Args& a, const std::vector<std::string>& argv, const Shape& s, bool gpu,
+                const std::vector<DecodeRow>& rows) {
+  std::vector<std::string> records;
+  for (const DecodeRow& r : rows) {
+    JsonObject j;
+    j.str("input", r.input).str("format", r.format).str("backend", gpu ? "gpu" : "cpu-golden");
+    j.integer("b", s.b).integer("h", s.h).integer("h_kv", s.h_kv).integer("context", s.len);
+    j.integer("query_tokens", s.s_q).integer("d", s.d).integer("page_size", s.page_size);
+    j.num("cache_mb", r.cache_mb, 7).num("ms", r.ms, 6).num("gbps", r.gbps, 5);
+    j.num("cos", r.vs_f64.cos, 7).num("rel_l2", r.vs_f64.rel_l2, 7);
+    j.num("max_abs", r.vs_f64.max_abs, 7).num("vs_golden_rel_l2", r.vs_golden_rel_l2, 7);
+    records.push_back(j.render());
+  }
+  JsonObject doc = cli_document("decode", "decode", argv, RanOn{.cpu = !gpu, .gpu = gpu});
+  write_cli_json(a, doc.raw("records", json_array_lines(records)));
+}
+
 // The suite's values are BF16-exact (what a BF16 model hands the cache).
 std::vector<float> bf16_exact(std::vector<float> x) {
   for (float& v : x) v = bf16_bits_to_float(float_to_bf16_bits(v));
@@ -129,7 +158,9 @@ int cmd_decode(const std::vector<std::string>& argv) {
     std::printf("%s",
                 format_help("usage: fp4attn decode [flags]\n\n"
                             "Decode over a paged NVFP4/FP8 KV cache (docs/kernels/decode.md): "
-                            "accuracy against float64 of the unquantized tokens, and time.",
+                            "accuracy against float64 of the unquantized tokens, and time: one "
+                            "row per input and format, each announced on stderr as [i/N] "
+                            "(--quiet: not).",
                             kDecodeFlags)
                     .c_str());
     return 0;
@@ -148,6 +179,7 @@ int cmd_decode(const std::vector<std::string>& argv) {
   }
   const bool gpu = backend != "cpu" && why_not_gpu.empty();
   const uint32_t seed = static_cast<uint32_t>(a.get_int("seed", 0, 0, 0xFFFFFFFFll));
+  check_json_path(a);
 
   // Page table and slots (the same for every input).
   const int64_t tokens = s.b * s.len;
@@ -171,6 +203,8 @@ int cmd_decode(const std::vector<std::string>& argv) {
       (!gpu && backend == "auto") ? (" — GPU: " + why_not_gpu).c_str() : "");
   std::printf("%-13s %-6s %10s %10s %9s %10s %10s %12s\n", "input", "format", "cache MB", "ms",
               "GB/s", "cos", "rel_l2", "vs golden");
+  std::vector<DecodeRow> rows;
+  Progress progress = cli_progress(a, static_cast<int64_t>(inputs.size() * formats.size()));
   for (InputKind kind : inputs) {
     // The suite's tokens; the queries are the last s_q tokens of each sequence.
     const SuiteInputs in = make_inputs(kind, s.b, s.s_q, s.len, s.h, s.h_kv, s.d, seed);
@@ -193,6 +227,8 @@ int cmd_decode(const std::vector<std::string>& argv) {
     }
 
     for (KvCacheFormat f : formats) {
+      progress.next(std::string("input ") + input_kind_name(kind) + ", format " +
+                    kv_cache_format_name(f));
       paged_host::OwnedCache cache(f, num_pages, s.page_size, s.h_kv, s.d);
       const PagedKvCache view = cache.view();
       Status st = paged_kv_append(make_view(k.data(), DType::kF32, {tokens, s.h_kv, s.d}),
@@ -220,23 +256,33 @@ int cmd_decode(const std::vector<std::string>& argv) {
       const double per_value = f == KvCacheFormat::kNvfp4 ? 0.5 + 1.0 / 16 : 1.0;
       const double mb = double(tokens) * s.h_kv * s.d * 2 * per_value / 1e6;
       const std::vector<double>& result = gpu ? out : golden;
-      const ErrorStats e = compare(result.data(), exact.data(), int64_t(exact.size()));
+      DecodeRow row{input_kind_name(kind),
+                    kv_cache_format_name(f),
+                    mb,
+                    ms,
+                    gpu ? mb / ms : NAN,
+                    compare(result.data(), exact.data(), int64_t(exact.size())),
+                    NAN};
       std::string vs_golden = "-";
-      if (gpu) {
-        const ErrorStats g = compare(out.data(), golden.data(), int64_t(out.size()));
-        char buf[32];
-        std::snprintf(buf, sizeof buf, "%.3g", g.rel_l2);
-        vs_golden = buf;
-      }
       char gbps[32] = "-";  // the golden model's time is not a bandwidth
-      if (gpu) std::snprintf(gbps, sizeof gbps, "%.1f", mb / ms);
-      std::printf("%-13s %-6s %10.2f %10.4f %9s %10.6f %10.5f %12s\n", input_kind_name(kind),
-                  kv_cache_format_name(f), mb, ms, gbps, e.cos, e.rel_l2, vs_golden.c_str());
+      if (gpu) {
+        row.vs_golden_rel_l2 = compare(out.data(), golden.data(), int64_t(out.size())).rel_l2;
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.3g", row.vs_golden_rel_l2);
+        vs_golden = buf;
+        std::snprintf(gbps, sizeof gbps, "%.1f", row.gbps);
+      }
+      std::printf("%-13s %-6s %10.2f %10.4f %9s %10.6f %10.5f %12s\n", row.input.c_str(),
+                  row.format.c_str(), mb, ms, gbps, row.vs_f64.cos, row.vs_f64.rel_l2,
+                  vs_golden.c_str());
+      std::fflush(stdout);
+      rows.push_back(row);
     }
   }
   std::printf(
       "cos / rel_l2: against float64 attention of the unquantized tokens; vs golden: "
       "rel-L2 of the GPU output against the golden model on the same cache bytes\n");
+  if (a.has("json")) write_json(a, argv, s, gpu, rows);
   return 0;
 }
 

@@ -9,6 +9,7 @@
 
 #include "cli_args.h"
 #include "cli_inputs.h"
+#include "cli_output.h"
 #include "commands.h"
 #include "core/parallel.h"
 #include "fp4attn/golden/golden.h"
@@ -25,7 +26,8 @@ const std::vector<FlagSpec> kEmulationFlags = with_suite_shape_flags({
      "fp4"},
     {"input", true, "gaussian, outliers, large-logits, near-uniform or 'all'", "gaussian"},
     {"seed", true, "input seed", "0"},
-    {"json", true, "also write the results as JSON to this file", ""},
+    json_flag(),
+    quiet_flag(),
     {"help", false, "show this help", ""},
 });
 
@@ -65,7 +67,8 @@ int cmd_emulation(const std::vector<std::string>& argv) {
     std::printf("%s", format_help("usage: fp4attn emulation [flags]\n\nCompares the golden "
                                   "model's Hopper arithmetic (block scales folded into E4M3) "
                                   "with the Blackwell block-scaled arithmetic (exact scales), "
-                                  "per recipe, and both with float64.",
+                                  "per recipe, and both with float64: one row per input and "
+                                  "recipe, each announced on stderr as [i/N] (--quiet: not).",
                                   kEmulationFlags)
                           .c_str());
     return 0;
@@ -83,6 +86,7 @@ int cmd_emulation(const std::vector<std::string>& argv) {
   // (float64); per thread, one head's operands.
   check_host_buffers("--batch, --heads, --seqlen, --head-dim",
                      {{b * s * h * d, 12 + 24}, {3 * s * d, 12 * int64_t(num_threads())}});
+  check_json_path(a);
 
   std::printf("fp4attn emulation: b=%lld h=%lld s=%lld d=%lld %s, seed %llu\n", (long long)b,
               (long long)h, (long long)s, (long long)d, causal ? "causal" : "non-causal",
@@ -91,6 +95,7 @@ int cmd_emulation(const std::vector<std::string>& argv) {
   std::printf("%-11s %-13s %12s %12s %9s %9s %9s %9s\n", "recipe", "input", "fold-vs-exact",
               "fold-max-abs", "fold-cos", "fold-rl2", "exact-cos", "exact-rl2");
   std::vector<Row> rows;
+  Progress progress = cli_progress(a, static_cast<int64_t>(inputs.size() * recipes.size()));
   for (InputKind kind : inputs) {
     SuiteInputs in = make_inputs(kind, b, s, s, h, h, d, seed);
     std::vector<double> ref(b * s * h * d);
@@ -101,6 +106,7 @@ int cmd_emulation(const std::vector<std::string>& argv) {
                                     make_view(ref.data(), DType::kF64, {b, s, h, d}), TensorView{});
     if (!st.ok()) throw UsageError(st.message());
     for (Recipe r : recipes) {
+      progress.next(std::string("input ") + input_kind_name(kind) + ", recipe " + recipe_name(r));
       const std::vector<double> f = golden(in, r, Emulation::kFoldedE4M3, causal);
       const std::vector<double> x = golden(in, r, Emulation::kBlockScaledExact, causal);
       const auto n = static_cast<int64_t>(ref.size());
@@ -124,8 +130,7 @@ int cmd_emulation(const std::vector<std::string>& argv) {
     }
   }
   if (a.has("json")) {
-    std::vector<std::string> words = {"fp4attn", "emulation"}, records;
-    words.insert(words.end(), argv.begin(), argv.end());
+    std::vector<std::string> records;
     for (const Row& r : rows) {
       JsonObject j;
       j.str("recipe", r.recipe).str("input", r.input);
@@ -135,11 +140,9 @@ int cmd_emulation(const std::vector<std::string>& argv) {
       j.obj("exact_vs_f64", json_stats(r.exact_vs_f64));
       records.push_back(j.render());
     }
-    JsonObject doc;
-    doc.str("suite", "emulation").str("command", command_line(words));
-    doc.raw("records", json_array_lines(records));
-    const std::string path = a.get("json", "");
-    if (!write_json_file(path, doc)) throw UsageError("--json: cannot write '" + path + "'");
+    // The golden model only: CPU.
+    JsonObject doc = cli_document("emulation", "emulation", argv, RanOn{.cpu = true});
+    write_cli_json(a, doc.raw("records", json_array_lines(records)));
   }
   return 0;
 }

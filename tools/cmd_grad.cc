@@ -10,6 +10,7 @@
 
 #include "cli_args.h"
 #include "cli_inputs.h"
+#include "cli_output.h"
 #include "commands.h"
 #include "core/parallel.h"
 #include "fp4attn/golden/golden.h"
@@ -35,7 +36,8 @@ const std::vector<FlagSpec> kGradFlags = with_suite_shape_flags({
      "per-tile"},
     {"arithmetic", true,
      "the golden backward's GEMMs: 'fp8' (the GPU's FP8 operands) or 'f64' (float64)", "fp8"},
-    {"json", true, "also write the results as JSON to this file", ""},
+    json_flag(),
+    quiet_flag(),
     {"help", false, "show this help", ""},
 });
 
@@ -45,7 +47,8 @@ constexpr const char* kGradUsage =
     "recipe's golden forward and backward against the float64 gradients of exact attention of\n"
     "the unquantized inputs (cos, rel_l2). dO ~ N(0, 1): element i (flat BSHD index) is\n"
     "suite_normal(--seed, stream 101, i) (fp4attn/suite.h), the same for every recipe and\n"
-    "input. A recipe the backward refuses for the chosen arithmetic is printed as refused.";
+    "input. A recipe the backward refuses for the chosen arithmetic is printed as refused.\n"
+    "Each input and recipe is announced on stderr as [i/N] (--quiet: not).";
 
 struct GradRow {
   std::string recipe, input, refused;  // refused: the backward's message, empty when it ran
@@ -106,6 +109,7 @@ int cmd_grad(const std::vector<std::string>& argv) {
   check_host_buffers(
       "--batch, --heads, --seqlen, --head-dim",
       {{elems, 12}, {elems, 8 * 10}, {b * h * s, 8}, {scores, 40 * int64_t(num_threads())}});
+  check_json_path(a);
 
   std::printf("fp4attn grad: b=%lld h=%lld s=%lld d=%lld %s%s, seed %llu, d-source %s, %s%s\n",
               (long long)b, (long long)h, (long long)s, (long long)d,
@@ -124,6 +128,7 @@ int cmd_grad(const std::vector<std::string>& argv) {
   std::vector<double> dout = make_dout(nq, seed);
   const TensorView dout_v = make_view(dout.data(), DType::kF64, {b, s, h, d});
   std::vector<GradRow> rows;
+  Progress progress = cli_progress(a, static_cast<int64_t>(inputs.size() * recipes.size()));
   for (InputKind kind : inputs) {
     SuiteInputs in = make_inputs(kind, b, s, s, h, h, d, seed);
     const TensorView q = make_view(in.q.data(), DType::kF32, {b, s, h, d});
@@ -137,6 +142,7 @@ int cmd_grad(const std::vector<std::string>& argv) {
     if (!st.ok()) throw UsageError(st.message());
 
     for (Recipe r : recipes) {
+      progress.next(std::string("input ") + input_kind_name(kind) + ", recipe " + recipe_name(r));
       GradRow row{recipe_name(r), input_kind_name(kind), "", {}, {}, {}, 0};
       RecipeOptions opt;
       opt.recipe = r;
@@ -179,8 +185,7 @@ int cmd_grad(const std::vector<std::string>& argv) {
   std::printf("\ntotal %.1f s\n", total_s);
 
   if (a.has("json")) {
-    std::vector<std::string> words = {"fp4attn", "grad"}, records;
-    words.insert(words.end(), argv.begin(), argv.end());
+    std::vector<std::string> records;
     for (const GradRow& r : rows) {
       JsonObject j;
       j.str("recipe", r.recipe).str("input", r.input).boolean("causal", causal);
@@ -195,15 +200,14 @@ int cmd_grad(const std::vector<std::string>& argv) {
       }
       records.push_back(j.render());
     }
-    JsonObject doc;
-    doc.str("suite", "grad-accuracy").str("command", command_line(words));
+    // The golden model only: CPU.
+    JsonObject doc = cli_document("grad-accuracy", "grad", argv, RanOn{.cpu = true});
     doc.integer("seed", static_cast<long long>(seed));
     doc.str("dout", "N(0,1): suite_normal(seed, stream 101, flat BSHD index)");
     doc.obj("shape", JsonObject().integer("b", b).integer("h", h).integer("s", s).integer("d", d));
     doc.str("d_source", d_source).str("arithmetic", arith).str("ds_scales", ds_scales);
     doc.num("seconds", total_s, 4).raw("records", json_array_lines(records));
-    const std::string path = a.get("json", "");
-    if (!write_json_file(path, doc)) throw UsageError("--json: cannot write '" + path + "'");
+    write_cli_json(a, doc);
   }
   return 0;
 }

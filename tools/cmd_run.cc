@@ -8,6 +8,7 @@
 
 #include "cli_args.h"
 #include "cli_inputs.h"
+#include "cli_output.h"
 #include "commands.h"
 #include "core/parallel.h"
 #include "fp4attn/golden/golden.h"
@@ -38,9 +39,13 @@ const std::vector<FlagSpec> kRunFlags = {
     {"backend", true,
      "'auto' (the GPU engine where it runs the recipe, else the golden model), 'gpu' or 'cpu'",
      "auto"},
-    {"json", true, "also write the results as JSON to this file", ""},
+    json_flag(),
+    quiet_flag(),
     {"help", false, "show this help", ""},
 };
+
+// The backend column of a row that ran on the GPU (the golden model's: "cpu-golden").
+constexpr const char* kGpuBackend = "gpu-sm90";
 
 struct Problem {
   int64_t b, h, h_kv, s_q, s_k, d;
@@ -119,10 +124,12 @@ void print_row(const Row& r) {
               r.vs_f64.rel_l1, r.vs_f64.rmse, r.vs_f64.max_abs, r.lse_max_err, r.p_zero_pct, r.ms);
 }
 
-void write_json(const std::string& path, const Problem& p, const std::vector<Row>& rows,
-                const std::string& command) {
+void write_json(const Args& a, const std::vector<std::string>& argv, const Problem& p,
+                const std::vector<Row>& rows) {
   std::vector<std::string> records;
+  RanOn ran;
   for (const Row& r0 : rows) {
+    (r0.backend == kGpuBackend ? ran.gpu : ran.cpu) = true;
     Row r = r0;
     if (r.vs_f64.n == 0) {  // empty: no metric (null), not a perfect one
       r.vs_f64.cos = r.vs_f64.rel_l2 = r.vs_f64.rel_l1 = r.vs_f64.rmse = r.vs_f64.max_abs = NAN;
@@ -140,9 +147,8 @@ void write_json(const std::string& path, const Problem& p, const std::vector<Row
     j.integer("inf_mismatch", r.vs_f64.inf_mismatch).num("ms", r.ms, 6);
     records.push_back(j.render());
   }
-  JsonObject doc;
-  doc.str("suite", "accuracy").str("command", command).raw("records", json_array_lines(records));
-  if (!write_json_file(path, doc)) throw UsageError("--json: cannot write '" + path + "'");
+  JsonObject doc = cli_document("accuracy", "run", argv, ran);
+  write_cli_json(a, doc.raw("records", json_array_lines(records)));
 }
 
 }  // namespace
@@ -151,7 +157,9 @@ int cmd_run(const std::vector<std::string>& argv) {
   const Args a(argv, kRunFlags);
   if (a.has("help")) {
     std::printf("%s", format_help("usage: fp4attn run [flags]\n\nRuns attention on seeded inputs "
-                                  "and prints its accuracy against float64.",
+                                  "and prints its accuracy against float64: one row per input "
+                                  "and recipe, each announced on stderr as [i/N] (--quiet: "
+                                  "not).",
                                   kRunFlags)
                           .c_str());
     return 0;
@@ -176,6 +184,7 @@ int cmd_run(const std::vector<std::string>& argv) {
     return why.empty();
   };
   for (Recipe r : recipes) (void)use_gpu(r);  // reject --backend gpu before any work
+  check_json_path(a);
 
   std::printf("fp4attn run: b=%lld h=%lld h_kv=%lld s_q=%lld s_k=%lld d=%lld %s, seed %llu\n",
               (long long)p.b, (long long)p.h, (long long)p.h_kv, (long long)p.s_q, (long long)p.s_k,
@@ -190,6 +199,7 @@ int cmd_run(const std::vector<std::string>& argv) {
               "cos", "rel_l2", "rel_l1", "rmse", "max_abs", "lse_err", "p_zero%", "ms");
 
   std::vector<Row> rows;
+  Progress progress = cli_progress(a, static_cast<int64_t>(inputs.size() * recipes.size()));
   for (InputKind kind : inputs) {
     SuiteInputs in = make_inputs(kind, p.b, p.s_q, p.s_k, p.h, p.h_kv, p.d, seed);
     TensorView q = make_view(in.q.data(), DType::kF32, {p.b, p.s_q, p.h, p.d});
@@ -203,6 +213,7 @@ int cmd_run(const std::vector<std::string>& argv) {
     if (!st.ok()) throw UsageError(st.message());
 
     for (Recipe r : recipes) {
+      progress.next(std::string("input ") + input_kind_name(kind) + ", recipe " + recipe_name(r));
       RecipeOptions opt;
       opt.recipe = r;
       opt.softmax_scale = p.softmax_scale;
@@ -226,7 +237,7 @@ int cmd_run(const std::vector<std::string>& argv) {
       if (!st.ok()) throw UsageError(st.message());
       Row row{recipe_name(r),
               input_kind_name(kind),
-              gpu ? "gpu-sm90" : "cpu-golden",
+              gpu ? kGpuBackend : "cpu-golden",
               compare(o.data(), o_ref.data(), static_cast<int64_t>(o.size())),
               lse_max_err(lse, lse_ref),
               gpu                ? NAN
@@ -238,11 +249,7 @@ int cmd_run(const std::vector<std::string>& argv) {
       rows.push_back(row);
     }
   }
-  if (a.has("json")) {
-    std::vector<std::string> words = {"fp4attn", "run"};
-    words.insert(words.end(), argv.begin(), argv.end());
-    write_json(a.get("json", ""), p, rows, command_line(words));
-  }
+  if (a.has("json")) write_json(a, argv, p, rows);
   return 0;
 }
 

@@ -1,13 +1,19 @@
-// The flag parser and the JSON writer that the CLI and the measuring programs share
-// (tools/common): what fp4attn_bench's suites rely on beyond what the CLI checks exercise.
+// The flag parser, the JSON writer, the documents' head and the progress lines that the CLI and
+// the measuring programs share (tools/common): what fp4attn_bench's suites rely on beyond what
+// the CLI checks exercise.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <regex>
 #include <string>
 #include <vector>
 
+#include "build_info.h"
 #include "cli_args.h"
 #include "json_writer.h"
+#include "progress.h"
 
 namespace fp4attn::cli {
 namespace {
@@ -73,6 +79,74 @@ TEST(JsonWriter, EscapesOrdersAndNullsNonFinite) {
   EXPECT_EQ(JsonObject().integer("a", 1).render_multiline(), "{\n  \"a\": 1\n}\n");
   EXPECT_EQ(json_array_lines({}), "[]");
   EXPECT_EQ(json_array_lines({"1", "2"}), "[\n    1,\n    2\n  ]");
+}
+
+// Which revision and version: cli_checks.cmake compares them with git and _version.py.
+TEST(CliBuildInfo, RevisionAndVersionAreSafeInJsonAndC) {
+  const std::regex safe("[A-Za-z0-9._+-]+");
+  EXPECT_TRUE(std::regex_match(build_revision(), safe)) << build_revision();
+  EXPECT_TRUE(std::regex_match(build_version(), safe)) << build_version();
+}
+
+TEST(CliBuildInfo, CpuModelFromCpuinfo) {
+  EXPECT_EQ(cpu_model_from_cpuinfo("processor\t: 0\nvendor_id\t: AuthenticAMD\n"
+                                   "model name\t: AMD EPYC 9654 96-Core Processor  \n"
+                                   "processor\t: 1\nmodel name\t: other\n"),
+            "AMD EPYC 9654 96-Core Processor");
+  // Arm kernels without "model name": the field that names the CPU.
+  EXPECT_EQ(cpu_model_from_cpuinfo("processor : 0\nBogoMIPS : 50.00\nHardware : Neoverse V2\n"),
+            "Neoverse V2");
+  // "model" (a number on x86) is not "model name"; an empty value does not count.
+  EXPECT_EQ(cpu_model_from_cpuinfo("model\t\t: 17\nmodel name\t:\n"), "unknown");
+  // Arm64 kernels that name nothing: the implementer and part codes.
+  EXPECT_EQ(cpu_model_from_cpuinfo("processor\t: 0\nCPU implementer\t: 0x41\nCPU part\t: 0xd4f\n"),
+            "arm implementer 0x41 part 0xd4f");
+  EXPECT_EQ(cpu_model_from_cpuinfo(""), "unknown");
+  const std::string here = cpu_device_name();
+  EXPECT_EQ(here.rfind("cpu: ", 0), 0u) << here;
+  EXPECT_GT(here.size(), 5u);
+}
+
+TEST(CliBuildInfo, UtcIso8601) {
+  EXPECT_EQ(utc_iso8601(0), "1970-01-01T00:00:00Z");
+  EXPECT_EQ(utc_iso8601(1796034999), "2026-11-30T10:36:39Z");
+}
+
+TEST(CliBuildInfo, DocumentHeaderKeysInTheSchemasOrder) {
+  const std::time_t before = std::time(nullptr);
+  const std::string head =
+      json_document_header("decode", "cpu: X", "fp4attn decode --json 'a b'", "cpu").render();
+  const std::time_t after = std::time(nullptr);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(
+      head, m,
+      std::regex("\\{\"suite\": \"decode\", \"revision\": \"([^\"]+)\", \"device\": \"cpu: X\", "
+                 "\"date\": \"([^\"]+)\", \"command\": \"fp4attn decode --json 'a b'\", "
+                 "\"backend\": \"cpu\", \"version\": \"([^\"]+)\"\\}")))
+      << head;
+  EXPECT_EQ(m[1], build_revision());
+  EXPECT_EQ(m[3], build_version());
+  // The date of the call (the second may turn between the clock reads).
+  EXPECT_TRUE(m[2] == utc_iso8601(before) || m[2] == utc_iso8601(after)) << m[2];
+}
+
+// Progress lines go to the stream given (stderr in the programs), one per case, in order.
+std::string progress_text(bool quiet) {
+  std::FILE* f = std::tmpfile();
+  EXPECT_NE(f, nullptr);
+  if (!f) return "";
+  Progress p(3, quiet, f);
+  for (const char* c : {"input gaussian, recipe fp8", "b", "c"}) p.next(c);
+  std::rewind(f);
+  std::string text;
+  for (int ch; (ch = std::fgetc(f)) != EOF;) text += static_cast<char>(ch);
+  std::fclose(f);
+  return text;
+}
+
+TEST(CliProgress, OneLinePerCaseUnlessQuiet) {
+  EXPECT_EQ(progress_text(false), "[1/3] input gaussian, recipe fp8\n[2/3] b\n[3/3] c\n");
+  EXPECT_EQ(progress_text(true), "");
 }
 
 }  // namespace

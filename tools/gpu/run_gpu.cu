@@ -24,6 +24,15 @@ std::string gpu_unavailable_reason(Recipe recipe) {
   return "";
 }
 
+std::string gpu_device_name() {
+  int dev = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    return "";
+  }
+  return prop.name;
+}
+
 Status run_attention_gpu(const TensorView& q, const TensorView& k, const TensorView& v,
                          Recipe recipe, bool causal, double softmax_scale, const TensorView& o,
                          const TensorView& lse, double* ms) {

@@ -13,6 +13,9 @@ namespace fp4attn::cli {
 // Empty when the GPU backend can run `recipe` here; otherwise the reason, for the user.
 std::string gpu_unavailable_reason(Recipe recipe);
 
+// The name of the CUDA device the GPU backends run on ("NVIDIA H200"); empty without one.
+std::string gpu_device_name();
+
 // q [b, s_q, h, d], k/v [b, s_k, h_kv, d] host FP32 holding BF16-exact values; o [b, s_q, h, d]
 // and lse [b, h, s_q] host F64. *ms: median wall time of one call (quantization + kernel) over
 // a few timed calls after a warm-up.

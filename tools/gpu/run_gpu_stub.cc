@@ -7,6 +7,8 @@ std::string gpu_unavailable_reason(Recipe) {
   return "this build has no CUDA kernels (nvcc was not found at configure time)";
 }
 
+std::string gpu_device_name() { return ""; }
+
 Status run_attention_gpu(const TensorView&, const TensorView&, const TensorView&, Recipe, bool,
                          double, const TensorView&, const TensorView&, double*) {
   return Status::Invalid("backend: " + gpu_unavailable_reason(Recipe::kFp8));
