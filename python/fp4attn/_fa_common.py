@@ -31,6 +31,15 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# Default values of the kvcache shims' signatures, shared so that an argument left at its default
+# is recognized by identity (and its check skipped): the values are FlashAttention's.
+NO_WINDOW = (-1, -1)
+NO_SOFTCAP = 0.0
+NO_CHUNK = 0
+NO_MARGIN = 0
+NO_SPLITS = 0  # flash_attn_with_kvcache's num_splits: the decode picks
+
+
 def refuse_given(value: object, name: str, what: str) -> None:
     """An optional argument fp4attn has no implementation of: None only."""
     if value is not None:
@@ -483,11 +492,26 @@ def kvcache(
     """flash_attn_with_kvcache on a PagedKVCache: new k, v appended at cache_seqlens ..
     cache_seqlens + s_new - 1 (append_kv, slots computed on the device from the table), then
     decode with seq_lens = cache_seqlens + s_new (bottom-right causal, FA's convention)."""
-    cache = paged_cache(k_cache, v_cache)
     if table is None:
         raise ValueError(
             f"{table_name}: required: fp4attn's cache is paged (int32 (batch, max_pages) page ids)"
         )
+    if (
+        k is None and v is None and cu_seqlens_k_new is None and num_splits is NO_SPLITS
+        and type(cache_seqlens) is torch.Tensor and isinstance(k_cache, PagedKVCache)
+        and (v_cache is None or v_cache is k_cache)
+    ):  # fmt: skip
+        # A decode step: decode checks every argument; FA's names are given on failure only
+        # (each duplicate check costs host time, which bounds an eager step).
+        try:
+            return decode(
+                q, k_cache, table, cache_seqlens, softmax_scale, causal, cu_seqlens_q, return_lse
+            )
+        except (TypeError, ValueError):
+            _int32(table, table_name, 2, "(batch, max_pages)", check_cache(k_cache))
+            _cached_lengths(cache_seqlens, table.shape[0], table, k_cache)
+            raise
+    cache = paged_cache(k_cache, v_cache)
     _int32(table, table_name, 2, "(batch, max_pages)", cache)
     splits = decode_splits(num_splits)
     lengths = _cached_lengths(cache_seqlens, table.shape[0], table, cache)

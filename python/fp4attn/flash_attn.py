@@ -228,11 +228,11 @@ def flash_attn_with_kvcache(
     block_table: torch.Tensor | None = None,
     softmax_scale: float | None = None,
     causal: bool = False,
-    window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
+    window_size: tuple[int, int] = _fa.NO_WINDOW,
+    softcap: float = _fa.NO_SOFTCAP,
     rotary_interleaved: bool = True,
     alibi_slopes: torch.Tensor | None = None,
-    num_splits: int = 0,
+    num_splits: int = _fa.NO_SPLITS,
     return_softmax_lse: bool = False,
     *,
     recipe: str | None = None,
@@ -251,15 +251,22 @@ def flash_attn_with_kvcache(
     sets the numerics). Returns out, or (out, softmax_lse [batch, heads, seqlen_q]). A new token
     beyond its table row raises on CPU; on CUDA it is skipped and cache.check_errors() reports it.
     """
-    _fa.check_no_recipe(recipe)
-    _fa.refuse_given(rotary_cos, "rotary_cos", "rotary embedding")
-    _fa.refuse_given(rotary_sin, "rotary_sin", "rotary embedding")
-    _checks.check_bool(rotary_interleaved, "rotary_interleaved")
-    _fa.refuse_given(cache_batch_idx, "cache_batch_idx", "indexing the cache by batch")
-    _fa.refuse_given(cache_leftpad, "cache_leftpad", "a left-padded cache")
-    _fa.check_window(window_size)
-    _fa.check_softcap(softcap)
-    _fa.refuse_given(alibi_slopes, "alibi_slopes", "an ALiBi bias")
+    # Arguments left at their defaults need no check (a decode step's host time is the cost).
+    untouched = (
+        recipe is None and rotary_cos is None and rotary_sin is None and cache_batch_idx is None
+        and cache_leftpad is None and alibi_slopes is None and rotary_interleaved is True
+        and window_size is _fa.NO_WINDOW and softcap is _fa.NO_SOFTCAP
+    )  # fmt: skip
+    if not untouched:
+        _fa.check_no_recipe(recipe)
+        _fa.refuse_given(rotary_cos, "rotary_cos", "rotary embedding")
+        _fa.refuse_given(rotary_sin, "rotary_sin", "rotary embedding")
+        _checks.check_bool(rotary_interleaved, "rotary_interleaved")
+        _fa.refuse_given(cache_batch_idx, "cache_batch_idx", "indexing the cache by batch")
+        _fa.refuse_given(cache_leftpad, "cache_leftpad", "a left-padded cache")
+        _fa.check_window(window_size)
+        _fa.check_softcap(softcap)
+        _fa.refuse_given(alibi_slopes, "alibi_slopes", "an ALiBi bias")
     _checks.check_bool(return_softmax_lse, "return_softmax_lse")
     return _fa.kvcache(
         q, k_cache, v_cache, k, v, cache_seqlens, block_table, "block_table", softmax_scale,

@@ -211,14 +211,14 @@ def flash_attn_with_kvcache(
     v_descale: torch.Tensor | None = None,
     softmax_scale: float | None = None,
     causal: bool = False,
-    window_size: tuple[int, int] = (-1, -1),
-    attention_chunk: int = 0,
-    softcap: float = 0.0,
+    window_size: tuple[int, int] = _fa.NO_WINDOW,
+    attention_chunk: int = _fa.NO_CHUNK,
+    softcap: float = _fa.NO_SOFTCAP,
     rotary_interleaved: bool = True,
     scheduler_metadata: torch.Tensor | None = None,
-    num_splits: int = 0,
+    num_splits: int = _fa.NO_SPLITS,
     pack_gqa: bool | None = None,
-    sm_margin: int = 0,
+    sm_margin: int = _fa.NO_MARGIN,
     return_softmax_lse: bool = False,
     *,
     recipe: str | None = None,
@@ -237,32 +237,45 @@ def flash_attn_with_kvcache(
     Descales: None only (the cache holds its own scales). recipe: None only. Returns out, or
     (out, softmax_lse, out_accum, softmax_lse_accum) with the last two empty.
     """
-    _fa.check_no_recipe(recipe)
-    _fa.refuse_given(qv, "qv", "a second query operand (qv)")
-    for value, name in ((rotary_cos, "rotary_cos"), (rotary_sin, "rotary_sin"),
-                        (rotary_seqlens, "rotary_seqlens")):  # fmt: skip
-        _fa.refuse_given(value, name, "rotary embedding")
-    _checks.check_bool(rotary_interleaved, "rotary_interleaved")
-    _fa.refuse_given(cache_batch_idx, "cache_batch_idx", "indexing the cache by batch")
-    _fa.refuse_given(cache_leftpad, "cache_leftpad", "a left-padded cache")
-    for value, name in ((q_descale, "q_descale"), (k_descale, "k_descale"),
-                        (v_descale, "v_descale")):  # fmt: skip
-        _fa.refuse_given(value, name, "a descale over fp4attn's quantized cache")
-    if max_seqlen_q is not None and (
-        isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int)
-    ):
-        raise TypeError(f"max_seqlen_q: expected an int or None, got {type(max_seqlen_q).__name__}")
-    if max_seqlen_q is not None and max_seqlen_q < 0:
-        raise ValueError(f"max_seqlen_q: expected a value >= 0, got {max_seqlen_q}")
-    _fa.check_window(window_size)
-    _fa.check_zero(attention_chunk, "attention_chunk", "chunked attention")
-    _fa.check_softcap(softcap)
-    _fa.refuse_given(
-        scheduler_metadata, "scheduler_metadata", "FA3's scheduler metadata (a DecodePlan is "
-        "fp4attn's plan)"
+    # Arguments left at their defaults need no check (a decode step's host time is the cost).
+    untouched = (
+        recipe is None and qv is None and rotary_cos is None and rotary_sin is None
+        and rotary_seqlens is None and cache_batch_idx is None and cache_leftpad is None
+        and q_descale is None and k_descale is None and v_descale is None
+        and max_seqlen_q is None and scheduler_metadata is None and pack_gqa is None
+        and rotary_interleaved is True and window_size is _fa.NO_WINDOW
+        and softcap is _fa.NO_SOFTCAP and attention_chunk is _fa.NO_CHUNK
+        and sm_margin is _fa.NO_MARGIN
     )  # fmt: skip
-    _fa.check_pack_gqa(pack_gqa)
-    _fa.check_zero(sm_margin, "sm_margin", "leaving SMs free (sm_margin)")
+    if not untouched:
+        _fa.check_no_recipe(recipe)
+        _fa.refuse_given(qv, "qv", "a second query operand (qv)")
+        for value, name in ((rotary_cos, "rotary_cos"), (rotary_sin, "rotary_sin"),
+                            (rotary_seqlens, "rotary_seqlens")):  # fmt: skip
+            _fa.refuse_given(value, name, "rotary embedding")
+        _checks.check_bool(rotary_interleaved, "rotary_interleaved")
+        _fa.refuse_given(cache_batch_idx, "cache_batch_idx", "indexing the cache by batch")
+        _fa.refuse_given(cache_leftpad, "cache_leftpad", "a left-padded cache")
+        for value, name in ((q_descale, "q_descale"), (k_descale, "k_descale"),
+                            (v_descale, "v_descale")):  # fmt: skip
+            _fa.refuse_given(value, name, "a descale over fp4attn's quantized cache")
+        if max_seqlen_q is not None and (
+            isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int)
+        ):
+            raise TypeError(
+                f"max_seqlen_q: expected an int or None, got {type(max_seqlen_q).__name__}"
+            )
+        if max_seqlen_q is not None and max_seqlen_q < 0:
+            raise ValueError(f"max_seqlen_q: expected a value >= 0, got {max_seqlen_q}")
+        _fa.check_window(window_size)
+        _fa.check_zero(attention_chunk, "attention_chunk", "chunked attention")
+        _fa.check_softcap(softcap)
+        _fa.refuse_given(
+            scheduler_metadata, "scheduler_metadata", "FA3's scheduler metadata (a DecodePlan is "
+            "fp4attn's plan)"
+        )  # fmt: skip
+        _fa.check_pack_gqa(pack_gqa)
+        _fa.check_zero(sm_margin, "sm_margin", "leaving SMs free (sm_margin)")
     _checks.check_bool(return_softmax_lse, "return_softmax_lse")
     out = _fa.kvcache(
         q, k_cache, v_cache, k, v, cache_seqlens, page_table, "page_table", softmax_scale,
