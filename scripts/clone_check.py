@@ -4,8 +4,9 @@
 Usage: clone_check.py [--min-tokens N] [--normalize] [--exclude GLOB]... [PATH...]
 
 Every file under PATH (default: src python) ending in .cc .cpp .h .hpp .cu .cuh or .py is cut
-into tokens; comments, whitespace, #include/#pragma lines, Python import statements and Python
-docstrings are dropped. A clone is a run of at least N tokens (default 100) that occurs in two
+into tokens; comments, whitespace, #include/#pragma lines, Python import statements, Python
+docstrings and Python def lines (signatures: the FlashAttention shims repeat the parameter lists
+of the APIs they mirror, by design) are dropped. A clone is a run of at least N tokens (default 100) that occurs in two
 places (two files, or two non-overlapping places of one file). Each clone is reported once with
 all the places its exact token run occurs, as file:first_line-last_line; the exit status is 1
 when any clone is found, 0 when none, 2 on a usage or read error.
@@ -151,6 +152,8 @@ def py_tokens(source: str, normalize: bool) -> list[Token]:
             continue  # import statement
         if all(kind == tokenize.STRING for kind, _, _ in logical):
             continue  # docstring (or another bare string statement)
+        if logical[0][1] == "def" or logical[0][1] == "async" and logical[1][1] == "def":
+            continue  # a signature: an interface, repeated by design where an API is mirrored
         for kind, text, line in logical:
             if normalize:
                 if kind == tokenize.NAME and not keyword.iskeyword(text):
