@@ -7,8 +7,9 @@ namespace fp4attn {
 
 enum class Recipe : int {
   kBf16,       // BF16 operands, exp2 softmax: the reference point
-  kFp8,        // E4M3 Q/K (per 128-token block scales), E4M3 P, E4M3 V (per-channel scales)
-  kNvfp4,      // NVFP4 Q/K, E4M3 P/V: the accurate default
+  kFp8,        // E4M3 Q/K (per 128-token block scales), E4M3 P, E4M3 V (per-channel scales): the
+               // Python package's default (docs/decisions.md)
+  kNvfp4,      // NVFP4 Q/K (Four-Over-Six scales), E4M3 P/V: the accurate FP4 recipe
   kNvfp4Hx,    // NVFP4 Q/K with scale mantissas in {1, 1.25, 1.5}: exact on FP8 tensor cores
   kMxfp4,      // MXFP4 Q/K (E8M0, exact folding), E4M3 P/V
   kNvfp4Fast,  // NVFP4 Q/K, E4M3 P from the exp-free direct code map, E4M3 V
