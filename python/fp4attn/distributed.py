@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from . import _checks, _defaults, _layout, _ops
+from ._native import UnsupportedError
 from .api import attn_func
 
 TILE = _layout.SCALE_TILE  # tokens per Q/K scale tile: shards start on a tile
@@ -155,6 +156,12 @@ def _local_checks(q, k, v, softmax_scale, causal, recipe, layout, zigzag):
     def run():
         _checks.check_layout(layout)
         _checks.check_qkv(q, k, v, layout)
+        # No backward: refused (on every rank, through _agree) rather than detached.
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise UnsupportedError(
+                "q/k/v: require grad, but the context-parallel functions have no backward; call "
+                "them under torch.no_grad() or torch.inference_mode(), or pass detached tensors"
+            )
         scale = _checks.check_softmax_scale(softmax_scale)
         _checks.check_bool(causal, "causal")
         _checks.check_bool(zigzag, "zigzag")

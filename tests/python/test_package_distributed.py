@@ -154,6 +154,10 @@ def _error_cases(rank, world):
         "ranks-disagree-causal": lambda: fd.ring_attn_func(
             ql, kl, vl, recipe="fp8", causal=rank == 0),
         "kv-seqlen-differs": lambda: fd.ulysses_attn_func(ql, kl[:, :64], vl[:, :64]),
+        "ring-requires-grad": lambda: fd.ring_attn_func(
+            ql.clone().requires_grad_(), kl, vl, recipe="fp8"),
+        "ulysses-one-rank-requires-grad": lambda: fd.ulysses_attn_func(
+            ql, kl.clone().requires_grad_(rank == 0), vl, recipe="fp8"),
     }
     for name, trial in trials.items():
         try:
@@ -314,11 +318,17 @@ def test_errors_raise_on_every_rank(world):
         "ring-float64-on-cpu": "TypeError",
         "ranks-disagree-causal": "ValueError",
         "kv-seqlen-differs": "ValueError",
+        "ring-requires-grad": "UnsupportedError",
     }
     for name, kind in expected.items():
         for r, res in enumerate(ranks):
             got = res["errors"][name]
             assert got is not None and got[0] == kind, (name, r, got)
+    # No backward: refused (not detached), on the rank that asked and, collectively, the others.
+    assert "no backward" in ranks[0]["errors"]["ring-requires-grad"][1]
+    one = [res["errors"]["ulysses-one-rank-requires-grad"] for res in ranks]
+    assert one[0][0] == "UnsupportedError" and all(e[0] == "ValueError" for e in one[1:]), one
+    assert all("rank(s) [0]" in e[1] for e in one[1:]), one
     assert "128-token-tile sharding" in ranks[0]["errors"]["not-tile-sharded"][1]
     assert "rank(s) [1" in ranks[0]["errors"]["one-rank-bad-heads"][1]
     assert ranks[1]["errors"]["one-rank-bad-heads"][1].startswith("q/k: number of heads 3")
