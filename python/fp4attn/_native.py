@@ -34,6 +34,28 @@ def require_cuda_build(what: str) -> None:
         )
 
 
+_engine_refusals: dict[int, str | None] = {}  # CUDA device index -> engine_refusal's answer
+
+
+def engine_refusal(index: int | None) -> str | None:
+    """Why the forward engine cannot run on CUDA device `index` (None: the current device), as a
+    "device: ..." reason, or None when it can: asked of the device once (it cannot change within
+    a process). The shims use it to fall back instead of raising."""
+    if not _C.has_cuda():
+        return "device: this fp4attn build has no CUDA kernels"
+    if not torch.cuda.is_available():
+        return "device: no CUDA device is visible"
+    index = torch.cuda.current_device() if index is None else index
+    if index not in _engine_refusals:
+        try:
+            with torch.cuda.device(index):
+                _C.check_forward_device()
+            _engine_refusals[index] = None
+        except ValueError as e:  # not an sm_90a device
+            _engine_refusals[index] = f"device: {e}"
+    return _engine_refusals[index]
+
+
 def run_cuda(fn, *args):
     """Calls a CUDA entry point; a refused recipe becomes UnsupportedError."""
     try:

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from . import _checks, _defaults, _layout
-from ._native import _C, UnsupportedError
+from ._native import UnsupportedError, engine_refusal
 from .api import attn_func
 
 if TYPE_CHECKING:
@@ -167,7 +167,6 @@ _lock = threading.Lock()
 _original: Callable | None = None  # diffusers' native function while the router holds its slot
 _routings: list[Routing] = []  # enabled routings, in the order enabled
 _in_forward = threading.local()  # .stack: model-scoped routings whose model is in forward()
-_cuda_refusal: dict[int, str | None] = {}  # device index -> why fp4attn cannot run there
 
 
 def _current() -> Routing | None:
@@ -238,7 +237,7 @@ def _why_native(recipe: str | None, kwargs: dict) -> str | None:
     if any(t.shape[-1] > 1 and t.stride(-1) != 1 for t in (q, k, v)):
         return "stride: head_dim is not contiguous"
     if device.type == "cuda":
-        refusal = _cuda_refusal_of(device)
+        refusal = engine_refusal(device.index)
         if refusal is not None:
             return refusal
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -246,21 +245,6 @@ def _why_native(recipe: str | None, kwargs: dict) -> str | None:
             if resolved not in _layout.GPU_BACKWARD_RECIPES:
                 return f"backward: recipe {resolved!r} has no GPU backward"
     return None
-
-
-def _cuda_refusal_of(device: torch.device) -> str | None:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _cuda_refusal:
-        if not _C.has_cuda():
-            _cuda_refusal[index] = "device: this fp4attn build has no CUDA kernels"
-        else:
-            try:
-                with torch.cuda.device(index):
-                    _C.check_forward_device()
-                _cuda_refusal[index] = None
-            except ValueError as e:
-                _cuda_refusal[index] = str(e)
-    return _cuda_refusal[index]
 
 
 def _acquire(routing: Routing) -> None:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _checks, _defaults, _layout
-from ._native import _C
+from ._native import engine_refusal
 from .api import attn_func
 
 # Every fallback calls this: the function F held when fp4attn.sdpa was first imported.
@@ -57,7 +57,6 @@ _counts: collections.Counter = collections.Counter()
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 # recipe.h: kGpuBackwardRecipes is kGpuRecipes, the engine's recipes; _C exports that one list.
 _GPU_RECIPES = _layout.GPU_BACKWARD_RECIPES
-_engine: dict[int, bool] = {}
 _AUTOCAST_CASTS = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -71,24 +70,14 @@ def reset_counts() -> None:
 
 
 @torch.compiler.assume_constant_result
-def _engine_runs_on(index: int) -> bool:
-    """Whether CUDA device `index` runs the engine (a CUDA build, an sm_90a GPU); asked once per
-    device, and a constant for torch.compile (it cannot change within a process)."""
-    runs = _engine.get(index)
-    if runs is None:
-        runs = _engine[index] = _ask_engine(index)
-    return runs
+def _engine_runs_on(index: int | None) -> bool:
+    """Whether CUDA device `index` runs the engine (a CUDA build, an sm_90a GPU): a constant for
+    torch.compile (it cannot change within a process)."""
+    return _ask_engine(index)
 
 
-def _ask_engine(index: int) -> bool:
-    if not (_C.has_cuda() and torch.cuda.is_available()):
-        return False
-    try:
-        with torch.cuda.device(index):
-            _C.check_forward_device()
-    except ValueError:  # not an sm_90a device
-        return False
-    return True
+def _ask_engine(index: int | None) -> bool:
+    return engine_refusal(index) is None
 
 
 def _device_reason(device: torch.device, dtype: torch.dtype, recipe: str, needs_grad: bool):
