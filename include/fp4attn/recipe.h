@@ -15,19 +15,42 @@ enum class Recipe : int {
   kNvfp4Fast,  // NVFP4 Q/K, E4M3 P from the exp-free direct code map, E4M3 V
   kNvfp4All,   // NVFP4 Q/K/P/V, P with a fixed global scale
   kFp4Direct,  // the seed paper: NVFP4 Q/K, MXFP4 P (affine surrogate) and V
+  kFp8Fast,    // fp8's operands, E4M3 P from the exp-free code map (nvfp4-fast's P)
 };
 
-constexpr Recipe kAllRecipes[] = {Recipe::kBf16,     Recipe::kFp8,      Recipe::kNvfp4,
-                                  Recipe::kNvfp4Hx,  Recipe::kMxfp4,    Recipe::kNvfp4Fast,
-                                  Recipe::kNvfp4All, Recipe::kFp4Direct};
+constexpr Recipe kAllRecipes[] = {Recipe::kBf16,      Recipe::kFp8,      Recipe::kFp8Fast,
+                                  Recipe::kNvfp4,     Recipe::kNvfp4Hx,  Recipe::kMxfp4,
+                                  Recipe::kNvfp4Fast, Recipe::kNvfp4All, Recipe::kFp4Direct};
 
 // The recipes the GPU forward engine runs, in the order messages list them: all but bf16, whose
 // attention is the CPU golden model's only.
-constexpr Recipe kGpuRecipes[] = {Recipe::kFp8,      Recipe::kNvfp4,    Recipe::kNvfp4Hx,
-                                  Recipe::kMxfp4,    Recipe::kNvfp4All, Recipe::kNvfp4Fast,
-                                  Recipe::kFp4Direct};
+constexpr Recipe kGpuRecipes[] = {Recipe::kFp8,       Recipe::kFp8Fast,  Recipe::kNvfp4,
+                                  Recipe::kNvfp4Hx,   Recipe::kMxfp4,    Recipe::kNvfp4All,
+                                  Recipe::kNvfp4Fast, Recipe::kFp4Direct};
 // The recipes the GPU backward runs: every engine recipe.
 inline constexpr const auto& kGpuBackwardRecipes = kGpuRecipes;
+
+// Whether r is one of kAllRecipes (a value cast from an integer need not be).
+constexpr bool recipe_is_valid(Recipe r) {
+  for (Recipe a : kAllRecipes) {
+    if (a == r) return true;
+  }
+  return false;
+}
+
+// The recipe whose Q/K/V operands (formats, scales, quantizers) a recipe uses: fp8-fast is
+// fp8's operands with another P.
+constexpr Recipe operand_recipe(Recipe r) { return r == Recipe::kFp8Fast ? Recipe::kFp8 : r; }
+// P from the exp-free E4M3 code map (numerics.md §4): clamp(RNE(8 (z - m)) + 120, 0, 120).
+constexpr bool recipe_p_is_codes(Recipe r) {
+  return r == Recipe::kNvfp4Fast || r == Recipe::kFp8Fast;
+}
+// P without exp2 (the code map or fp4-direct's surrogate): the backward rebuilds it from the
+// forward's row_max rather than from the LSE.
+constexpr bool recipe_p_is_exp_free(Recipe r) {
+  return recipe_p_is_codes(r) || r == Recipe::kFp4Direct;
+}
+
 bool recipe_has_gpu_forward(Recipe r);
 bool recipe_has_gpu_backward(Recipe r);
 // "fp8, nvfp4, ...": the names of kGpuRecipes, for messages.

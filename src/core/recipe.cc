@@ -22,6 +22,8 @@ const char* recipe_name(Recipe r) {
       return "nvfp4-all";
     case Recipe::kFp4Direct:
       return "fp4-direct";
+    case Recipe::kFp8Fast:
+      return "fp8-fast";
   }
   return "unknown";
 }
@@ -44,6 +46,8 @@ const char* recipe_summary(Recipe r) {
       return "NVFP4 Q/K/P/V, P with a fixed global scale (exp2)";
     case Recipe::kFp4Direct:
       return "NVFP4 Q/K, MXFP4 P (exp-free affine surrogate, Direct-P) and MXFP4 V";
+    case Recipe::kFp8Fast:
+      return "E4M3 Q/K (scale per 128 tokens), E4M3 P from the exp-free code map, E4M3 V";
   }
   return "";
 }

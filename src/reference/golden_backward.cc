@@ -290,8 +290,7 @@ void run_head(const Task& t, int64_t b, int64_t h, double* dk, double* dv) {
 }
 
 Status check_options(const RecipeOptions& opt, const BackwardOptions& bopt) {
-  if (static_cast<int>(opt.recipe) < 0 ||
-      static_cast<int>(opt.recipe) > static_cast<int>(Recipe::kFp4Direct)) {
+  if (!recipe_is_valid(opt.recipe)) {
     return Status::Invalid("recipe: unknown recipe value " +
                            std::to_string(static_cast<int>(opt.recipe)));
   }

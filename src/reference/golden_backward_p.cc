@@ -6,7 +6,7 @@
 
 namespace fp4attn::golden {
 
-bool has_exp_free_p(Recipe r) { return r == Recipe::kNvfp4Fast || r == Recipe::kFp4Direct; }
+bool has_exp_free_p(Recipe r) { return recipe_p_is_exp_free(r); }
 
 void backward_row_p(const std::vector<double>& z, int64_t n, double lse_log2,
                     const RecipeOptions& opt, std::vector<double>* p) {

@@ -124,8 +124,7 @@ void run_head(const ForwardOperands& in, const RecipeOptions& opt, const Dims& x
 
 Status golden_attention_forward_operands(const ForwardOperands& in, const RecipeOptions& opt,
                                          const TensorView& o, const TensorView& lse) {
-  if (static_cast<int>(opt.recipe) < 0 ||
-      static_cast<int>(opt.recipe) > static_cast<int>(Recipe::kFp4Direct)) {
+  if (!recipe_is_valid(opt.recipe)) {
     return Status::Invalid("recipe: unknown recipe value " +
                            std::to_string(static_cast<int>(opt.recipe)));
   }

@@ -215,7 +215,7 @@ double round_to_bf16(double x) {
 }
 
 Operand prepare_qk(const HeadMatrix& m, Recipe recipe, Emulation emu, float tensor_scale) {
-  switch (recipe) {
+  switch (operand_recipe(recipe)) {
     case Recipe::kBf16:
       return bf16_operand(m, m.rows);
     case Recipe::kFp8:
@@ -228,7 +228,7 @@ Operand prepare_qk(const HeadMatrix& m, Recipe recipe, Emulation emu, float tens
 }
 
 Operand prepare_v(const HeadMatrix& m, Recipe recipe, Emulation emu, float tensor_scale) {
-  switch (recipe) {
+  switch (operand_recipe(recipe)) {
     case Recipe::kBf16:
       return bf16_operand(m, m.cols);
     case Recipe::kNvfp4All: {

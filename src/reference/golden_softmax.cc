@@ -156,11 +156,11 @@ RowP make_row_p(const std::vector<double>& z, int64_t n, const RecipeOptions& op
     param = block_param->data();
   }
   RowP r;
-  switch (opt.recipe) {
+  switch (recipe_p_is_codes(opt.recipe) ? Recipe::kNvfp4Fast : opt.recipe) {
     case Recipe::kBf16:
       r = bf16_p(z, n);
       break;
-    case Recipe::kNvfp4Fast:
+    case Recipe::kNvfp4Fast:  // and fp8-fast: the code map
       r = fast_p(z, n);
       break;
     case Recipe::kNvfp4All:

@@ -61,7 +61,7 @@ Status validate_backward_options(const BackwardCudaOptions& bopt) {
 }
 
 bool backward_needs_row_max(Recipe recipe) {
-  return recipe == Recipe::kNvfp4Fast || recipe == Recipe::kFp4Direct;
+  return recipe_p_is_exp_free(recipe);
 }
 
 Status validate_backward_row_max(const ForwardOptions& opt, const TensorView& row_max,

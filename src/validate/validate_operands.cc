@@ -15,8 +15,7 @@ Status validate_operand(const TensorView& x, Recipe recipe, OperandRole role,
   FP4ATTN_RETURN_IF_ERROR(check_strides(x, "x"));
   const int64_t b = x.shape[0], s = x.shape[1], h = x.shape[2], d = x.shape[3];
   FP4ATTN_RETURN_IF_ERROR(check_operand_head_dim(d, "x"));
-  if (static_cast<int>(recipe) < 0 ||
-      static_cast<int>(recipe) > static_cast<int>(Recipe::kFp4Direct)) {
+  if (!recipe_is_valid(recipe)) {
     return Status::Invalid("recipe: unknown recipe value " +
                            std::to_string(static_cast<int>(recipe)));
   }

@@ -9,6 +9,7 @@ import torch
 DOCUMENTED_REL_L2 = {
     "bf16": 0.002,
     "fp8": 0.054,
+    "fp8-fast": 0.057,
     "nvfp4": 0.133,
     "nvfp4-hx": 0.177,
     "mxfp4": 0.169,

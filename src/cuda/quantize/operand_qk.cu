@@ -120,7 +120,7 @@ Status launch_nvfp4_operand(const Launch& l, const uint32_t* slice_max, float te
 template <bool kF16, int kD>
 Status run_passes(const Launch& l, Recipe recipe, float tensor_scale, void* data, float* scale) {
   const XArgs& a = l.a;
-  if (recipe == Recipe::kFp8) {
+  if (operand_recipe(recipe) == Recipe::kFp8) {
     fp8_tile_kernel<kF16, kD>
         <<<slice_grid(operand_scale_tiles(a.s), a.nbh), kThreads, 0, l.stream>>>(
             a, l.mean, static_cast<uint8_t*>(data), scale);
