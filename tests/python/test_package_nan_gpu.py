@@ -52,24 +52,12 @@ def test_inf_in_v_where_p_is_zero_reaches_every_row(recipe):
     assert torch.equal(gpu, cpu), f"GPU NaN pattern differs from the golden model's ({recipe})"
 
 
-# Known (issue 26, measured on the H200 at 7d0302f): the P code maps of nvfp4-fast and fp4-direct
-# turn a NaN score into code 0 (src/cuda/fwd/p_gen.cuh: softmax_codes' FMNMX clamp, which is also
-# how masked keys become 0; fp4-direct's FFMA.SAT), so a NaN K value inside a finite tile factor
-# (an NVFP4 block scale folded into the E4M3 operand) gives finite rows where the golden model
-# gives NaN. Strict: the test fails once the kernels keep the NaN.
-CODE_MAP_DROPS_NAN = pytest.mark.xfail(
-    strict=True, reason="issue 26: the GPU P code maps drop a NaN score (p_gen.cuh)"
-)
-NAN_IN_K_RECIPES = [
-    pytest.param(r, marks=CODE_MAP_DROPS_NAN) if r in ("nvfp4-fast", "fp4-direct") else r
-    for r in ENGINE_RECIPES
-]
-
-
-@pytest.mark.parametrize("recipe", NAN_IN_K_RECIPES)
+@pytest.mark.parametrize("recipe", ENGINE_RECIPES)
 def test_nan_in_k_reaches_every_row_of_its_head(recipe):
     # A NaN K value makes its block scale NaN: the scores of the block are NaN, so P, l and O of
-    # every row of that head are NaN; the other head stays finite.
+    # every row of that head are NaN; the other head stays finite. Where the block scale folds
+    # into a finite tile factor (the FP4 recipes), the NaN reaches the kernel as a NaN score,
+    # which the exp-free code maps must keep (p_gen.cuh).
     q, k, v = inputs(2)
     k[:, KEY, 1, CHANNEL] = float("nan")
     cpu, gpu = run_both(recipe, q, k, v)

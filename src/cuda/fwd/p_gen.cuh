@@ -5,6 +5,7 @@
 // max (numerics.md §4), so every rescale of O and of the sums is an exact power of two.
 #pragma once
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 
@@ -156,13 +157,12 @@ __device__ __forceinline__ void pack_p(const float (&s)[SN], uint32_t (&pa)[SN /
   }
 }
 
-// nvfp4-fast: P as E4M3 codes without exp2 (numerics.md §4): code = clamp(RNE(8 (z - m)) + 120,
-// 0, 120) with m the integer log2 running max (so z - m <= 0 and no upper clamp is needed). One
-// FFMA lands RNE(8 z - 8 m + 120) in the low mantissa bits of a float near 1.5 * 2^23 (the FMA
-// computes S * 8c exactly before its one rounding); one FMNMX clamps at code 0, which also turns
-// masked keys (-inf) and -inf * 0 (NaN) into 0. The codes stay in the low bytes of s for pack().
-// A NaN tile factor (a NaN input block) makes its whole tile NaN (code 0x7F), as the golden
-// model's NaN scores.
+// nvfp4-fast, fp8-fast: P as E4M3 codes without exp2 (numerics.md §4): code = clamp(RNE(8 (z - m))
+// + 120, 0, 120) with m the integer log2 running max (so z - m <= 0 and no upper clamp is needed).
+// One FFMA lands RNE(8 z - 8 m + 120) in the low mantissa bits of a float near 1.5 * 2^23 (the FMA
+// computes S * 8c exactly before its one rounding); one FMNMX.NAN clamps at code 0 and keeps a NaN
+// (a NaN score, or a NaN tile factor from a NaN input block), whose low byte 0xFF is the E4M3
+// NaN, as the golden model's NaN P. The codes stay in the low bytes of s for pack().
 template <int SN>
 __device__ __forceinline__ void softmax_codes(float (&s)[SN], RowState& st, const float (&c)[2],
                                               bool edge, int n0, int t, const int (&rows)[2],
@@ -172,17 +172,12 @@ __device__ __forceinline__ void softmax_codes(float (&s)[SN], RowState& st, cons
   float m_use[2];
   update_row_max(s, st, c, m_use, alpha);
   const float bias[2] = {kMagic + 120.f - 8.f * m_use[0], kMagic + 120.f - 8.f * m_use[1]};
-  const float c8[2] = {8.f * c[0], 8.f * c[1]};
+  // A zero tile factor (an all-zero Q or K tile) as the smallest normal float: visible keys
+  // still get S * 8c + bias = bias exactly, and masked ones -inf, not -inf * 0 = NaN.
+  const float c8[2] = {c[0] == 0.f ? FLT_MIN : 8.f * c[0], c[1] == 0.f ? FLT_MIN : 8.f * c[1]};
 #pragma unroll
   for (int i = 0; i < SN; ++i) {
-    s[i] = fmaxf(fmaf(s[i], c8[Frag::tile(i)], bias[Frag::half(i)]), kMagic);
-  }
-  // A NaN tile factor: every code of that tile NaN (uniform per block, rare).
-  if (c[0] != c[0] || c[1] != c[1]) {
-#pragma unroll
-    for (int i = 0; i < SN; ++i) {
-      if (c[Frag::tile(i)] != c[Frag::tile(i)]) s[i] = __uint_as_float(0x7F);
-    }
+    s[i] = fmax_nan(fmaf(s[i], c8[Frag::tile(i)], bias[Frag::half(i)]), kMagic);
   }
 }
 
@@ -305,7 +300,8 @@ __device__ __forceinline__ void propagate_nan_tiles(float (&s)[SN], RowState& st
 // the operand values, so O / l and the LSE (p_lift_log2) need no other factor. With the running
 // max, e moves with m and x does not: the codes equal the golden model's (final max) ones except
 // for blocks that only the final max pushes past the zero or folding limits (2^-14 of the max).
-// A NaN tile factor makes the tile's visible P NaN and the row sum NaN, as the golden model.
+// A NaN tile factor makes the tile's visible P NaN and the row sum NaN, a NaN score (the block
+// maxima keep it) the row sum NaN: either way the row's O and LSE are NaN, as the golden model's.
 //
 // Lean form (issue 6), bit-identical to the previous one (tests/reference/test_direct_fast.cc):
 // the row max comes from the quad's block maxima (max(S) c = max(S c) for c >= 0, NaN products
@@ -329,14 +325,15 @@ __device__ __forceinline__ void softmax_direct(float (&s)[SN], RowState& st, con
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
       const float* r = s + 16 * b + 2 * h2;
-      float m = fmaxf(fmaxf(fmaxf(r[0], r[1]), fmaxf(r[4], r[5])),
-                      fmaxf(fmaxf(r[8], r[9]), fmaxf(r[12], r[13])));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
-      bm[b][h2] = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
+      float m = fmax_nan(fmax_nan(fmax_nan(r[0], r[1]), fmax_nan(r[4], r[5])),
+                         fmax_nan(fmax_nan(r[8], r[9]), fmax_nan(r[12], r[13])));
+      m = fmax_nan(m, __shfl_xor_sync(0xffffffff, m, 1));
+      bm[b][h2] = fmax_nan(m, __shfl_xor_sync(0xffffffff, m, 2));
     }
   }
   constexpr int kTiles = (SN + kScaleTile / 2 - 1) / (kScaleTile / 2);
   float m_use[2];
+  bool nan_row[2];  // a NaN score in the row's keys of this block
 #pragma unroll
   for (int h2 = 0; h2 < 2; ++h2) {
     float mt[kTiles];  // per 128-key scale tile that the block has
@@ -344,8 +341,13 @@ __device__ __forceinline__ void softmax_direct(float (&s)[SN], RowState& st, con
     for (int k = 0; k < kTiles; ++k) mt[k] = -INFINITY;
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b)
-      mt[Frag::tile(16 * b)] = fmaxf(mt[Frag::tile(16 * b)], bm[b][h2]);
-    // A tile the block lacks gave -inf * c (-inf or NaN), which every fmaxf ignores.
+      mt[Frag::tile(16 * b)] = fmax_nan(mt[Frag::tile(16 * b)], bm[b][h2]);
+    float raw = mt[0];
+#pragma unroll
+    for (int k = 1; k < kTiles; ++k) raw = fmax_nan(raw, mt[k]);
+    nan_row[h2] = raw != raw;
+    // A tile the block lacks gave -inf * c (-inf or NaN), a NaN tile max a NaN product: the
+    // fmaxf here and in row_max_step ignore both (the row is NaN then, whatever m is).
     float mx = mt[0] * c[0];
 #pragma unroll
     for (int k = 1; k < kTiles; ++k) mx = fmaxf(mx, mt[k] * c[k]);
@@ -359,7 +361,11 @@ __device__ __forceinline__ void softmax_direct(float (&s)[SN], RowState& st, con
   if (precap) direct_precap(s, bm, c, m_use);
   direct_operands(s, bm, c, m_use, precap, lsum);
 #pragma unroll
-  for (int h2 = 0; h2 < 2; ++h2) st.l[h2] = fmaf(st.l[h2], alpha[h2], lsum[h2]);
+  for (int h2 = 0; h2 < 2; ++h2) {
+    // A NaN score: FFMA.SAT made its P 0, so the row's sum carries the NaN (and so O and the
+    // LSE); the golden model's P of that block is NaN.
+    st.l[h2] = nan_row[h2] ? NAN : fmaf(st.l[h2], alpha[h2], lsum[h2]);
+  }
   propagate_nan_tiles(s, st, c, edge, n0, t, rows, mask);
 }
 

@@ -164,6 +164,13 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float b0, float b1, float b2, fl
   return pack_e4m3x2(b0, b1) | (pack_e4m3x2(b2, b3) << 16);
 }
 
+// max(a, b) that keeps a NaN (FMNMX.NAN), where fmaxf drops it: a NaN score must reach P.
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+  float d;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+  return d;
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
