@@ -7,7 +7,8 @@ Pairs (shim vs direct):
 * torch SDPA's signature (fp4attn.scaled_dot_product_attention, BHSD) and SageAttention's sageattn
   (tensor_layout="HND") vs attn_func(layout="bhsd");
 * flash_attn_with_kvcache over a PagedKVCache (FA2's block_table, FA3's page_table) vs decode,
-  timed over bursts of DECODE_BURST back-to-back calls (an eager decode call is host-bound).
+  timed over bursts of DECODE_BURST back-to-back calls (an eager decode call is host-bound), both
+  eagerly and captured in a CUDA graph (how a serving loop runs a decode step; `mode`).
 
 Each pair is timed in alternating rounds (direct, then the shims, `--rounds` times) with
 fwd_peers.time_stats (CUDA events around each call, warm-up, median), and the record keeps the
@@ -82,6 +83,27 @@ def _record(name, direct_name, ms, fn, direct, **point):
         "within_limit": ms[name] <= LIMIT * ms["direct"],
         "sync_free": sync_free(fn), "same_output": torch.equal(fn(), direct()),
     }  # fmt: skip
+
+
+def graphed(fn):
+    """fn captured in a CUDA graph: a function that replays it and returns its (static) output."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture (plans, allocator pools)
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+
+    def replay():
+        graph.replay()
+        return out
+
+    return replay
 
 
 def dense_records(recipes, rounds, time_stats):
@@ -167,12 +189,16 @@ def decode_records(formats, rounds, time_stats):
                 ),
             }
             direct = partial(fp4attn.decode, q, cache, table, lens, causal=True)
-            ms = compare(direct, shims, rounds, time_stats, burst=DECODE_BURST)
-            for name, fn in shims.items():
-                point = {"format": fmt, "b": b, "s_q": 1, "s_k": length, "h": h, "h_kv": h_kv}
-                point.update(d=d, page_size=page)
-                out.append(_record(name, "decode", ms, fn, direct, **point))
-                print(out[-1], flush=True)
+            for mode in ("eager", "graph"):
+                if mode == "graph":
+                    direct = graphed(direct)
+                    shims = {name: graphed(fn) for name, fn in shims.items()}
+                ms = compare(direct, shims, rounds, time_stats, burst=DECODE_BURST)
+                for name, fn in shims.items():
+                    point = {"format": fmt, "b": b, "s_q": 1, "s_k": length, "h": h, "h_kv": h_kv}
+                    point.update(d=d, page_size=page, mode=mode)
+                    out.append(_record(name, "decode", ms, fn, direct, **point))
+                    print(out[-1], flush=True)
     return out
 
 
@@ -201,7 +227,8 @@ def main(argv=None):
         software={"torch": torch.__version__},
         limit_ratio=LIMIT,
         timing="fwd_peers.time_stats medians (10 warm-up, >= 20 calls, >= 150 ms), median of "
-        f"{a.rounds} alternating rounds; decode pairs per call over bursts of {DECODE_BURST}",
+        f"{a.rounds} alternating rounds; decode pairs per call over bursts of {DECODE_BURST}, "
+        "eager and as CUDA graph replays",
         complete=all(r["within_limit"] and r["sync_free"] and r["same_output"] for r in recs),
         records=recs,
     )
