@@ -34,6 +34,7 @@ STYLES = {
 }
 RECIPE_COLORS = {
     "fp8": "tab:blue",
+    "fp8-fast": "navy",
     "nvfp4": "tab:red",
     "nvfp4-fast": "tab:purple",
     "mxfp4": "tab:olive",

@@ -424,6 +424,7 @@ def test_recipe_table_rows_accuracy_speed_and_blackwell(readme_copy, record_file
     }
     assert list(rows) == [
         "`fp8`",
+        "`fp8-fast`",
         "`nvfp4`",
         "`nvfp4-fast`",
         "`mxfp4`",

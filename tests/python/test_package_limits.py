@@ -171,6 +171,7 @@ def test_paged_cache_globals_are_checked_in_float32(fmt, name):
 LOWER_LIMITS = {  # recipe: (Q/K limit, V limit)
     "bf16": (1e-37, 1e-37),
     "fp8": (2e-36, 5e-36),
+    "fp8-fast": (2e-36, 5e-36),
     "nvfp4": (1e-37, 5e-36),
     "nvfp4-hx": (1e-37, 5e-36),
     "mxfp4": (1e-37, 5e-36),
@@ -179,6 +180,10 @@ LOWER_LIMITS = {  # recipe: (Q/K limit, V limit)
     "fp4-direct": (1e-37, 1e-38),
 }
 UPPER_LIMITS = (1e37, 3e38)  # Q/K (softmax_scale / c stays a normal float32), V
+
+
+def test_every_recipe_has_a_documented_range():
+    assert set(LOWER_LIMITS) == set(fp4attn.RECIPES)
 
 
 def _o_error(recipe, role, amax):
