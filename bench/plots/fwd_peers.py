@@ -26,7 +26,7 @@ KERNEL_SERIES = (
     Series("fa3-fp8", None, "kernel"),
     Series("sage2", None, "kernel"),
     Series("fp4attn", "fp8", "kernel"),
-    Series("fp4attn", "nvfp4-fast", "kernel"),
+    Series("fp4attn", "fp8-fast", "kernel"),
 )
 E2E_SERIES = (
     CUDNN_SERIES,
@@ -34,7 +34,7 @@ E2E_SERIES = (
     Series("fa3-fp8", None, "e2e"),
     Series("sage2", None, "e2e"),
     Series("fp4attn", "fp8", "e2e"),
-    Series("fp4attn", "nvfp4-fast", "e2e"),
+    Series("fp4attn", "fp8-fast", "e2e"),
 )
 PATH_WORDS = {
     "kernel": (
