@@ -67,7 +67,8 @@ PagedDecodeSchedule paged_decode_schedule(int64_t b, int64_t total_q, int64_t h,
 //     KV range).
 //   cache: NVFP4 or FP8 (paged_kv.h), device memory, head_dim 64 or 128; data views aligned for
 //     the kernel's vector loads (NVFP4: address and strides multiples of head_dim / 8 bytes;
-//     FP8: of 16 bytes); scale views any strides; globals read on the device (finite, > 0).
+//     FP8: of 16 bytes); scale views any strides; globals read on the device (finite, > 0, or 0:
+//     uncalibrated, paged_kv.h).
 //   block_tables I32 [b, max_pages], seq_lens I32 [b]: device memory (host copies: options).
 //   opt: softmax_scale (0: 1/sqrt(d)) and causal (bottom-right), as the golden.
 //   o: BF16 like q. lse: F32 [b, h, s_q] or [h, total_q], natural log, optional; a row without

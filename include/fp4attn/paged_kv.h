@@ -24,8 +24,10 @@ const char* kv_cache_format_name(KvCacheFormat f);
 //   kFp8:   k_data, v_data      U8 or E4M3 [num_pages, page_size, kv_heads, head_dim]
 //           k_scales, v_scales  undefined (TensorView{})
 //           k_global, v_global  F32 [1]: the decode scale (vLLM's k_scale), x = e4m3 * scale
-// A global of 0 means "not calibrated yet": the next append that writes a token sets it from that
-// append's data (paged_kv_calibrate_*). Otherwise it must be finite and > 0.
+// A global of 0 means "not calibrated yet": the next append whose written tokens have a nonzero
+// finite amax sets it from that append's data (paged_kv_calibrate_*); until then the side holds
+// only zeros and non-finite values, which readers decode with factor 0 (paged_kv_decode_factor).
+// Otherwise it must be finite and > 0.
 struct PagedKvCache {
   KvCacheFormat format = KvCacheFormat::kNvfp4;
   TensorView k_data, v_data;

@@ -27,8 +27,9 @@ struct PagedAppendCudaOptions {
   int32_t* error_flag = nullptr;
   // true: a global that is 0 in device memory is calibrated from this append, as the host append
   // does (an amax pass over the written tokens and a one-thread finish before the encode kernel;
-  // the amax pass exits at once when both globals are already set). false: the globals are used
-  // as stored, one launch per append; the caller guarantees they are finite and > 0.
+  // the amax pass exits at once when both globals are already set); it stays 0 while the written
+  // tokens' finite amax is 0. false: the globals are used as stored, one launch per append; the
+  // caller guarantees they are finite and > 0.
   bool calibrate = true;
   // Device scratch of the calibration (kPagedAppendScratchBytes, 4-byte aligned), optional:
   // without it a calibrating call allocates and frees it on the stream (cudaMallocAsync).

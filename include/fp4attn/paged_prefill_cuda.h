@@ -61,7 +61,7 @@ Status paged_prefill_workspace_bytes(const TensorView& cu_seqlens_q_host,
 //     sequence are its last n_q tokens (seq_lens counts them: append first, then attend).
 //   cache: NVFP4 or FP8 (paged_kv.h), device memory, head_dim 64 or 128; NVFP4 data views with
 //     address and page/token/head strides multiples of 8 bytes, FP8 data views of 16; scale views
-//     any strides; globals finite and > 0 (read on the device).
+//     any strides; globals finite and > 0, or 0 (uncalibrated, paged_kv.h), read on the device.
 //   block_tables I32 [b, max_pages], seq_lens I32 [b]: device memory (host copies: copt).
 //   opt: softmax_scale (0: 1/sqrt(d)) and causal (bottom-right: query i of n_q sees key j iff
 //     j <= i + L - n_q), as golden_paged_attention.

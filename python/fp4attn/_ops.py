@@ -750,8 +750,8 @@ def paged_kv_append(
     errors: Tensor | None,
 ) -> None:
     """Writes k, v [num_tokens, kv_heads, head_dim] into the cache's tensors at slot_mapping
-    (int32 or int64, read as is), in place; an uncalibrated global (0) is set first
-    (include/fp4attn/paged_kv.h). CUDA: a slot past the cache sets a bit of errors (int32 [1])."""
+    (int32 or int64, read as is), in place; an uncalibrated global (0) is set first from
+    nonzero finite data (include/fp4attn/paged_kv.h). CUDA: a slot past the cache sets a bit of errors (int32 [1])."""
     cache = _cache_codes(k_data, v_data, k_scales, v_scales, k_global, v_global, fmt)
     if k.device.type == "cuda":
         require_cuda_build("append_kv")

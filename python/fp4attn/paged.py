@@ -44,11 +44,12 @@ class PagedKVCache:
            k_scales, v_scales None; k_global, v_global float32 [1], the decode scale (vLLM's
            k_scale, x = e4m3 * scale).
 
-    A global of 0 is "not calibrated yet": the next append that writes a token sets it from that
-    append's values. `rule` is the NVFP4 block-scale rule of the append (quantize.h). The tensors
-    may be views into a larger page pool (any strides, last dimension contiguous). `errors`
-    (int32 [1] on the cache's device, optional; empty() makes one): the device error flag the CUDA
-    append and decode OR their findings into (check_errors).
+    A global of 0 is "not calibrated yet": the next append whose written tokens have a nonzero
+    finite amax sets it from that append's values (until then the side holds only zeros and
+    NaN/Inf, which decode as themselves). `rule` is the NVFP4 block-scale rule of the append
+    (quantize.h). The tensors may be views into a larger page pool (any strides, last dimension
+    contiguous). `errors` (int32 [1] on the cache's device, optional; empty() makes one): the
+    device error flag the CUDA append and decode OR their findings into (check_errors).
     """
 
     k_data: torch.Tensor
@@ -74,7 +75,7 @@ class PagedKVCache:
         v_global: float = 0.0,
         rule: str = "nearest",
     ) -> PagedKVCache:
-        """A zeroed cache; k_global/v_global 0 means calibrated by the first append."""
+        """A zeroed cache; k_global/v_global 0 means calibrated by the first append with data."""
         _checks.check_choice(format, "format", FORMATS)
         _checks.check_choice(rule, "rule", SCALE_RULES)
         for value, name in (
@@ -303,7 +304,8 @@ def append_kv(
     graph-captured batches with -1). A slot past the cache, or written twice in one call, is an
     error: raised on CPU; on CUDA (no host copy, no sync) the token is skipped and the cache's
     error flag records a slot past the cache (check_errors), and a slot written twice holds one
-    of its tokens. An uncalibrated global (0) is first set from the tokens this call writes.
+    of its tokens. An uncalibrated global (0) is first set from the tokens this call writes,
+    unless their finite amax is 0 (all zeros, or only NaN/Inf): then it stays 0.
     """
     check_cache(cache)
     dims = "(num_tokens, kv_heads, head_dim)"

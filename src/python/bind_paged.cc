@@ -122,7 +122,7 @@ void bind_paged(nb::module_& m) {
         arg("k_data"), arg("v_data"), arg("k_scales").none(), arg("v_scales").none(),
         arg("k_global"), arg("v_global"), arg("format"), arg("rule"),
         "Writes k/v [num_tokens, kv_heads, head_dim] into their cache slots (paged_kv_append); "
-        "an uncalibrated global (0) is set by this append.");
+        "an uncalibrated global (0) is set by this append when it writes nonzero finite data.");
   m.def("paged_kv_dequantize_host", &paged_kv_dequantize_host, arg("k_data"), arg("v_data"),
         arg("k_scales").none(), arg("v_scales").none(), arg("k_global"), arg("v_global"),
         arg("format"), arg("block_tables"), arg("seq_lens"), arg("k_out"), arg("v_out"),

@@ -34,18 +34,15 @@ float written_amax(const TensorView& t, const TensorView& slots) {
   return amax;
 }
 
-// The global scale this append uses: the stored one, or (0 = unset) calibrated from this append's
-// written tokens. Nothing is written here, so that a later error leaves the cache untouched.
+// The global this append stores: the stored one, or (0 = uncalibrated) calibrated from this
+// append's written tokens, which stays 0 when their finite amax is 0 (paged_kv_calibrate_*).
+// Nothing is written here, so that a later error leaves the cache untouched.
 Status resolve_global(const PagedKvCache& c, const TensorView& x, const TensorView& slots,
-                      bool any_written, const TensorView& global, const char* name, float* out) {
+                      const TensorView& global, const char* name, float* out) {
   const float g = read_global(global);
   if (g != 0.f) {
     FP4ATTN_RETURN_IF_ERROR(validate_global_scale(g, name));
     *out = g;
-    return Status::Ok();
-  }
-  if (!any_written) {
-    *out = 0.f;
     return Status::Ok();
   }
   const float amax = written_amax(x, slots);
@@ -55,7 +52,8 @@ Status resolve_global(const PagedKvCache& c, const TensorView& x, const TensorVi
 }
 
 void write_side(const PagedKvCache& c, bool is_v, const TensorView& x, const TensorView& slots,
-                int64_t page_size, float global) {
+                int64_t page_size, float stored_global) {
+  const float global = paged_kv_encode_global(stored_global);
   const TensorView& data = is_v ? c.v_data : c.k_data;
   const TensorView& scales = is_v ? c.v_scales : c.k_scales;
   const int64_t d = x.shape[2];
@@ -92,10 +90,8 @@ Status paged_kv_append(const TensorView& k, const TensorView& v, const TensorVie
     any_written = slot_at(slot_mapping, i) >= 0;
   }
   float gk = 0, gv = 0;
-  FP4ATTN_RETURN_IF_ERROR(
-      resolve_global(cache, k, slot_mapping, any_written, cache.k_global, "k_global", &gk));
-  FP4ATTN_RETURN_IF_ERROR(
-      resolve_global(cache, v, slot_mapping, any_written, cache.v_global, "v_global", &gv));
+  FP4ATTN_RETURN_IF_ERROR(resolve_global(cache, k, slot_mapping, cache.k_global, "k_global", &gk));
+  FP4ATTN_RETURN_IF_ERROR(resolve_global(cache, v, slot_mapping, cache.v_global, "v_global", &gv));
   if (!any_written) return Status::Ok();
   *cache.k_global.as<float>() = gk;
   *cache.v_global.as<float>() = gv;

@@ -51,9 +51,10 @@ Status paged_prefill_repack_host(const PagedKvCache& cache, const TensorView& bl
     }
   }
   const bool fp4 = cache.format == KvCacheFormat::kNvfp4;
-  // Operand factors: 8 / s_enc (FP32 division) for NVFP4, the decode scale for FP8.
-  const float k_factor = fp4 ? kPagedPrefillFoldDivisor / k_global : k_global;
-  const float v_factor = fp4 ? kPagedPrefillFoldDivisor / v_global : v_global;
+  // Operand factors: 8 / s_enc (FP32 division) for NVFP4, the decode scale for FP8; 0 for an
+  // uncalibrated global.
+  const float k_factor = paged_kv_decode_factor(fp4, k_global, kPagedPrefillFoldDivisor);
+  const float v_factor = paged_kv_decode_factor(fp4, v_global, kPagedPrefillFoldDivisor);
   uint8_t* ws = static_cast<uint8_t*>(workspace);
   // One cached element as an operand code.
   auto element = [&](bool is_v, int64_t page, int64_t off, int64_t head, int64_t c) -> uint8_t {

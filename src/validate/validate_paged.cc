@@ -169,10 +169,9 @@ Status validate_slot_values(const TensorView& slot_mapping, const PagedKvShape& 
 }
 
 Status validate_global_scale(float value, const char* name) {
-  if (std::isfinite(value) && value > 0.f) return Status::Ok();
+  if (value == 0.f || (std::isfinite(value) && value > 0.f)) return Status::Ok();
   std::ostringstream s;
-  s << name << ": expected a finite scale > 0, got " << value;
-  if (value == 0.f) s << " (not calibrated: no append has written a token)";
+  s << name << ": expected a finite scale > 0 (or 0: uncalibrated), got " << value;
   return invalid(s);
 }
 

@@ -38,7 +38,8 @@ int64_t slot_at(const TensorView& slot_mapping, int64_t i);
 // Slot values (host memory): < num_pages * page_size; negative = skipped; no slot twice.
 Status validate_slot_values(const TensorView& slot_mapping, const PagedKvShape& kv);
 
-// A global scale read for attention: finite and > 0 (0 = never calibrated).
+// A stored global scale: finite and > 0, or 0 (uncalibrated: readers decode its side with factor
+// 0, paged_kv_decode_factor; the next append with nonzero data calibrates it).
 Status validate_global_scale(float value, const char* name);
 
 struct PagedQueryShape {

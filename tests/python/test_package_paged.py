@@ -1,7 +1,8 @@
 """The paged KV cache on the CPU path (fp4attn.PagedKVCache, append_kv, decode): the bytes of an
 append against an NVFP4 / FP8 codec written here independently, the calibration of the globals by
-the first append, skipped slots, decode against float64 attention over the decoded cache
-(shuffled pages, ragged lengths, GQA, speculative s_q, varlen), and argument errors."""
+the first append with data (an append of zeros leaves them 0), skipped slots, decode against
+float64 attention over the decoded cache (shuffled pages, ragged lengths, GQA, speculative s_q,
+varlen), and argument errors."""
 
 import math
 import re
@@ -138,6 +139,33 @@ def test_first_append_calibrates_globals_and_skips_negative_slots(fmt):
     # A second append keeps the calibrated globals, even with larger values.
     append_kv(cache, k[:1] * 100, v[:1] * 100, torch.tensor([1], dtype=torch.int32))
     assert torch.equal(cache.k_global, first[0]) and torch.equal(cache.v_global, first[1])
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8"])
+def test_append_of_zeros_leaves_globals_uncalibrated(fmt):
+    cache = PagedKVCache.empty(2, 16, 2, 64, format=fmt)
+    zeros = torch.zeros(3, 2, 64, dtype=torch.bfloat16)
+    zeros[1, 0, 5] = float("inf")  # non-finite values do not calibrate either
+    append_kv(cache, zeros, zeros, torch.tensor([0, 1, 2], dtype=torch.int32))
+    assert cache.k_global.item() == 0 and cache.v_global.item() == 0
+    # A cache whose globals are still 0 decodes to zeros (NaN where NaN), no error.
+    q = torch.randn(1, 1, 4, 64, dtype=torch.bfloat16)
+    tables, lens = torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    o = decode(q, cache, tables, torch.tensor([1], dtype=torch.int32))
+    assert torch.all(o == 0)
+    kd, _ = cache.dequantize(tables, lens)
+    assert torch.all((kd == 0) | torch.isnan(kd)) and torch.isnan(kd[0, 1, 0]).any()
+    # The next append with data calibrates, as a single append of that data would.
+    k, v = _tokens(5, 2, 64, 8), _tokens(5, 2, 64, 9)
+    slots = torch.arange(5, dtype=torch.int32) + 3
+    append_kv(cache, k, v, slots)
+    once = PagedKVCache.empty(2, 16, 2, 64, format=fmt)
+    append_kv(once, k, v, slots)
+    assert cache.k_global.item() > 0 and cache.v_global.item() > 0
+    assert torch.equal(cache.k_global, once.k_global) and torch.equal(cache.v_global, once.v_global)
+    kd, _ = cache.dequantize(tables, torch.tensor([8], dtype=torch.int32))
+    kd_once, _ = once.dequantize(tables, torch.tensor([8], dtype=torch.int32))
+    assert torch.equal(kd[0, 3:], kd_once[0, 3:]) and torch.all(kd[0, 0] == 0)
 
 
 def _build(fmt, page_size, lens, kv_heads, d, seed, extra_pages=3):
@@ -337,8 +365,10 @@ def test_cache_layout_of_empty():
 
 def _to_cuda(cache):
     return PagedKVCache(
-        *(None if t is None else t.cuda() for t in (cache.k_data, cache.v_data, cache.k_scales,
-                                                    cache.v_scales)),
+        *(
+            None if t is None else t.cuda()
+            for t in (cache.k_data, cache.v_data, cache.k_scales, cache.v_scales)
+        ),
         cache.k_global.cuda(),
         cache.v_global.cuda(),
         cache.format,
@@ -357,8 +387,9 @@ def test_cuda_decode_matches_the_golden_model(fmt, s_q, d):
     q = torch.randn(len(lens), s_q, 8, d, generator=torch.Generator().manual_seed(41))
     q = q.bfloat16()
     want_o, want_lse = decode(q.float(), cache, tables, seq_lens, return_lse=True)
-    got_o, got_lse = decode(q.cuda(), _to_cuda(cache), tables.cuda(), seq_lens.cuda(),
-                            return_lse=True)
+    got_o, got_lse = decode(
+        q.cuda(), _to_cuda(cache), tables.cuda(), seq_lens.cuda(), return_lse=True
+    )
     assert got_o.dtype == torch.bfloat16 and got_o.device.type == "cuda"
     kd, vd = cache.dequantize(tables, seq_lens)
     vmax = float(vd.abs().max())
@@ -414,7 +445,10 @@ def test_paged_ops_are_custom_ops():
         _ops.paged_kv_append, (k, v, slots, *cache._tensors(), cache.rule, cache.errors)
     )
     append_kv(cache, k, v, slots)
-    tables, seq_lens = torch.tensor([[2, 0]], dtype=torch.int32), torch.tensor([20], dtype=torch.int32)
+    tables, seq_lens = (
+        torch.tensor([[2, 0]], dtype=torch.int32),
+        torch.tensor([20], dtype=torch.int32),
+    )
     q = _tokens(3, 4, 64, seed=3).unsqueeze(0)  # [1, s_q = 3, heads 4, 64]
     args = (q, None, *cache._tensors(), tables, seq_lens, 0.0, True)
     for return_lse in (False, True):

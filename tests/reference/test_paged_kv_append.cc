@@ -7,6 +7,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/half.h"
@@ -142,6 +145,141 @@ TEST(PagedAppend, NothingWrittenLeavesScalesUncalibrated) {
                   .ok());
   EXPECT_EQ(c.kg, 0.f);
   EXPECT_EQ(c.vg, 0.f);
+}
+
+// Appends into one cache: k and v [n, kHeads, d] F32 (v = k), slots as given.
+Status append_to(OwnedCache& c, const std::vector<float>& k, const std::vector<int32_t>& slots,
+                 Nvfp4ScaleRule rule = Nvfp4ScaleRule::kNearest) {
+  const int64_t n = static_cast<int64_t>(slots.size()), d = c.d;
+  TensorView kv = make_view(const_cast<float*>(k.data()), DType::kF32, {n, kHeads, d});
+  return paged_kv_append(kv, kv, make_view(const_cast<int32_t*>(slots.data()), DType::kI32, {n}),
+                         c.view(rule));
+}
+
+// Both caches decode to the same values (NaN where NaN), through the decoded view and the golden
+// paged attention: one sequence of `len` tokens over pages 0, 1, ...
+void expect_same_decode(OwnedCache& a, OwnedCache& b, int64_t len, Nvfp4ScaleRule rule) {
+  const int64_t d = a.d, pages = (len + kPageSize - 1) / kPageSize;
+  std::vector<int32_t> table(pages), lens = {static_cast<int32_t>(len)};
+  std::iota(table.begin(), table.end(), 0);
+  const TensorView bt = make_view(table.data(), DType::kI32, {1, pages});
+  const TensorView sl = make_view(lens.data(), DType::kI32, {1});
+  std::vector<float> q = paged_test::normal(4 * kHeads * d, 9);
+  std::vector<std::vector<float>> decoded, o;
+  for (OwnedCache* c : {&a, &b}) {
+    std::vector<float> ko(len * kHeads * d), vo(ko.size()), out(4 * kHeads * d);
+    Status st = paged_kv_dequantize(c->view(rule), bt, sl,
+                                    make_view(ko.data(), DType::kF32, {1, len, kHeads, d}),
+                                    make_view(vo.data(), DType::kF32, {1, len, kHeads, d}));
+    ASSERT_TRUE(st.ok()) << st.message();
+    st = golden_paged_attention(make_view(q.data(), DType::kF32, {1, 2, 2 * kHeads, d}),
+                                TensorView{}, c->view(rule), bt, sl, PagedAttentionOptions{},
+                                make_view(out.data(), DType::kF32, {1, 2, 2 * kHeads, d}),
+                                TensorView{});
+    ASSERT_TRUE(st.ok()) << st.message();
+    ko.insert(ko.end(), vo.begin(), vo.end());
+    decoded.push_back(ko);
+    o.push_back(out);
+  }
+  for (size_t i = 0; i < decoded[0].size(); ++i) {
+    const float x = decoded[0][i], y = decoded[1][i];
+    ASSERT_TRUE(x == y || (std::isnan(x) && std::isnan(y)))
+        << "decoded " << i << ": " << x << " vs " << y;
+  }
+  for (size_t i = 0; i < o[0].size(); ++i) {
+    const float x = o[0][i], y = o[1][i];
+    ASSERT_TRUE(x == y || (std::isnan(x) && std::isnan(y)))
+        << "o " << i << ": " << x << " vs " << y;
+  }
+}
+
+// An append whose written tokens have finite amax 0 (zeros, -0, a skipped token of data) leaves
+// both globals 0; the next append with data calibrates them as a single append of that data
+// would, and the cache equals, byte for byte and decoded, one built with those globals supplied.
+TEST(PagedAppend, ZeroFirstAppendLeavesGlobalsUncalibrated) {
+  const int64_t d = 64, row = kHeads * d;
+  std::vector<float> zeros(4 * row, 0.f);
+  for (int64_t i = 1; i < 3 * row; i += 3) zeros[i] = -0.f;
+  for (int64_t i = 3 * row; i < 4 * row; ++i) zeros[i] = 1e4f;  // token 3: skipped
+  const std::vector<int32_t> zero_slots = {0, 1, 2, -1};
+  const std::vector<float> data = adversarial_tokens(20, d, 10);
+  std::vector<int32_t> data_slots(20);
+  std::iota(data_slots.begin(), data_slots.end(), 3);
+  std::vector<std::pair<KvCacheFormat, Nvfp4ScaleRule>> formats = {
+      {KvCacheFormat::kFp8, Nvfp4ScaleRule::kNearest}};
+  for (Nvfp4ScaleRule r : {Nvfp4ScaleRule::kNearest, Nvfp4ScaleRule::kRoundUp,
+                           Nvfp4ScaleRule::kFourOverSix, Nvfp4ScaleRule::kRestricted}) {
+    formats.push_back({KvCacheFormat::kNvfp4, r});
+  }
+  for (const auto& [format, rule] : formats) {
+    SCOPED_TRACE(std::string(kv_cache_format_name(format)) + " " + scale_rule_name(rule));
+    OwnedCache c(format, kPages, kPageSize, kHeads, d);
+    ASSERT_TRUE(append_to(c, zeros, zero_slots, rule).ok());
+    EXPECT_EQ(c.kg, 0.f);
+    EXPECT_EQ(c.vg, 0.f);
+    ASSERT_TRUE(append_to(c, data, data_slots, rule).ok());
+    OwnedCache once(format, kPages, kPageSize, kHeads, d);
+    ASSERT_TRUE(append_to(once, data, data_slots, rule).ok());
+    EXPECT_NE(c.kg, 0.f);
+    EXPECT_EQ(c.kg, once.kg);
+    EXPECT_EQ(c.vg, once.vg);
+    // The same tokens appended with the final globals supplied.
+    OwnedCache ref(format, kPages, kPageSize, kHeads, d);
+    ref.kg = c.kg;
+    ref.vg = c.vg;
+    ASSERT_TRUE(append_to(ref, zeros, zero_slots, rule).ok());
+    ASSERT_TRUE(append_to(ref, data, data_slots, rule).ok());
+    EXPECT_EQ(c.kd, ref.kd);
+    EXPECT_EQ(c.vd, ref.vd);
+    EXPECT_EQ(c.ks, ref.ks);
+    EXPECT_EQ(c.vs, ref.vs);
+    // The zero tokens are zero codes (FP8: +-0) and zero scales.
+    const bool fp4 = format == KvCacheFormat::kNvfp4;
+    for (int64_t e = 0; e < 3 * row / (fp4 ? 2 : 1); ++e) {
+      ASSERT_EQ(c.kd[e] & (fp4 ? 0xFF : 0x7F), 0) << e;
+    }
+    for (int64_t e = 0; fp4 && e < 3 * row / 16; ++e) ASSERT_EQ(c.ks[e], 0) << e;
+    expect_same_decode(c, ref, 23, rule);
+  }
+}
+
+// Only NaN, +-Inf and zeros: the finite amax is 0, so the globals stay 0; the blocks carry NaN
+// (NVFP4 scale 0x7F, FP8 NaN codes) exactly as under any supplied global.
+TEST(PagedAppend, NonFiniteOnlyFirstAppendLeavesGlobalsUncalibrated) {
+  const int64_t d = 64, row = kHeads * d;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> x(3 * row, 0.f);
+  for (int64_t i = 0; i < 3 * row; i += 5) x[i] = i % 3 == 0 ? nan : i % 3 == 1 ? inf : -inf;
+  const std::vector<int32_t> slots = {0, 1, 2};
+  for (KvCacheFormat format : {KvCacheFormat::kNvfp4, KvCacheFormat::kFp8}) {
+    SCOPED_TRACE(kv_cache_format_name(format));
+    OwnedCache c(format, kPages, kPageSize, kHeads, d), ref = c;
+    ASSERT_TRUE(append_to(c, x, slots).ok());
+    EXPECT_EQ(c.kg, 0.f);
+    EXPECT_EQ(c.vg, 0.f);
+    ref.kg = ref.vg = 3.f;
+    ASSERT_TRUE(append_to(ref, x, slots).ok());
+    EXPECT_EQ(c.kd, ref.kd);
+    EXPECT_EQ(c.ks, ref.ks);
+    if (format == KvCacheFormat::kNvfp4) {
+      EXPECT_EQ(c.ks[0], 0x7F);
+    } else {
+      EXPECT_EQ(c.kd[0] & 0x7F, 0x7F);
+    }
+    // A later append with data calibrates; the first tokens still decode to NaN and 0 only.
+    ASSERT_TRUE(append_to(c, paged_test::normal(2 * row, 11), {3, 4}).ok());
+    EXPECT_GT(c.kg, 0.f);
+    std::vector<int32_t> table = {0}, len = {3};
+    std::vector<float> ko(3 * row), vo(ko.size());
+    ASSERT_TRUE(paged_kv_dequantize(c.view(), make_view(table.data(), DType::kI32, {1, 1}),
+                                    make_view(len.data(), DType::kI32, {1}),
+                                    make_view(ko.data(), DType::kF32, {1, 3, kHeads, d}),
+                                    make_view(vo.data(), DType::kF32, {1, 3, kHeads, d}))
+                    .ok());
+    EXPECT_TRUE(std::isnan(ko[0]));
+    for (float v : ko) ASSERT_TRUE(std::isnan(v) || v == 0.f) << v;
+  }
 }
 
 TEST(PagedAppend, Bf16InputEqualsItsFloatValues) {

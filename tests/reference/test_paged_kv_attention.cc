@@ -54,7 +54,6 @@ struct Batch {
         lo = hi;
       }
     }
-    if (cache.kg == 0) cache.kg = cache.vg = 1;  // every sequence empty
     cu_q.assign(1, 0);
     for (int32_t s : s_q) cu_q.push_back(cu_q.back() + s);
     std::vector<float> qf = paged_test::normal(cu_q.back() * kH * d, seed + 7);
@@ -229,6 +228,38 @@ TEST(GoldenPagedRows, EmptyRowsAreZeroWithInfiniteLse) {
     }
   }
   EXPECT_TRUE(std::isfinite(lse[3]));
+}
+
+// A cache of zeros only keeps its globals uncalibrated (0): decoding it is no error and gives
+// what its codes say, zeros (O = 0, uniform weights over the zero scores: LSE = ln(keys)).
+TEST(GoldenPagedRows, UncalibratedCacheOfZerosDecodesToZeros) {
+  const int64_t d = 64, len = 20;
+  for (KvCacheFormat f : {KvCacheFormat::kNvfp4, KvCacheFormat::kFp8}) {
+    SCOPED_TRACE(kv_cache_format_name(f));
+    OwnedCache c(f, 2, 16, kHkv, d);
+    std::vector<float> zeros(len * kHkv * d, 0.f);
+    std::vector<int32_t> slots(len), table = {1, 0}, lens = {len};
+    for (int64_t j = 0; j < len; ++j) slots[j] = table[j / 16] * 16 + j % 16;
+    const TensorView z = make_view(zeros.data(), DType::kF32, {len, kHkv, d});
+    ASSERT_TRUE(paged_kv_append(z, z, make_view(slots.data(), DType::kI32, {len}), c.view()).ok());
+    ASSERT_EQ(c.kg, 0.f);
+    ASSERT_EQ(c.vg, 0.f);
+    const TensorView bt = make_view(table.data(), DType::kI32, {1, 2});
+    const TensorView sl = make_view(lens.data(), DType::kI32, {1});
+    std::vector<double> q(kH * d, 0.3), o(q.size(), 7.0), lse(kH), kd(len * kHkv * d, 7.0),
+        vd(kd.size(), 7.0);
+    Status st = golden_paged_attention(make_view(q.data(), DType::kF64, {1, 1, kH, d}),
+                                       TensorView{}, c.view(), bt, sl, PagedAttentionOptions{},
+                                       make_view(o.data(), DType::kF64, {1, 1, kH, d}),
+                                       make_view(lse.data(), DType::kF64, {1, kH, 1}));
+    ASSERT_TRUE(st.ok()) << st.message();
+    for (double x : o) ASSERT_EQ(x, 0.0);
+    for (double x : lse) EXPECT_NEAR(x, std::log(static_cast<double>(len)), 1e-12);
+    st = paged_kv_dequantize(c.view(), bt, sl, make_view(kd.data(), DType::kF64, {1, len, kHkv, d}),
+                             make_view(vd.data(), DType::kF64, {1, len, kHkv, d}));
+    ASSERT_TRUE(st.ok()) << st.message();
+    for (size_t i = 0; i < kd.size(); ++i) ASSERT_TRUE(kd[i] == 0.0 && vd[i] == 0.0) << i;
+  }
 }
 
 TEST(GoldenPagedRows, SharedPrefixPagesGiveTheSameRows) {

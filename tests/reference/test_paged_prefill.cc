@@ -30,6 +30,7 @@ struct PrefillCase {
   std::vector<int32_t> lens = {1, 17, 0, 130, 300};
   std::vector<int32_t> n_q = {1, 17, 0, 5, 300};
   bool share_prefix = true;  // sequence 4 reuses the pages of sequence 3's full pages
+  bool zeros = false;        // cached tokens all zero: the globals stay uncalibrated (0)
   uint32_t seed = 1;
 };
 
@@ -74,8 +75,8 @@ Built build(const PrefillCase& s) {
       slots.push_back(
           static_cast<int32_t>(paged_kv_slot(x.table[bi * x.max_pages + j / ps], ps, j % ps)));
       for (int64_t e = 0; e < s.h_kv * s.d; ++e) {
-        k.push_back(normal(rng) + 0.5f * std::sin(0.37f * float(e % s.d)));
-        v.push_back(normal(rng));
+        k.push_back(s.zeros ? 0.f : normal(rng) + 0.5f * std::sin(0.37f * float(e % s.d)));
+        v.push_back(s.zeros ? 0.f : normal(rng));
       }
     }
   }
@@ -280,6 +281,24 @@ TEST(PagedPrefillHost, GoldenAgainstFloat64) {
   }
 }
 
+// A cache of zeros (globals 0, factors 0): O = 0 exactly, the LSE within the usual bounds of
+// float64 attention on the decoded cache (zeros too).
+TEST(PagedPrefillHost, GoldenOnAnUncalibratedCacheOfZeros) {
+  for (KvCacheFormat f : {KvCacheFormat::kNvfp4, KvCacheFormat::kFp8}) {
+    PrefillCase s;
+    s.format = f;
+    s.d = 64;
+    s.zeros = true;
+    const Built x = build(s);
+    ASSERT_EQ(x.cache.kg, 0.f);
+    ASSERT_EQ(x.cache.vg, 0.f);
+    const ErrorStats e = prefill_vs_f64(s, Recipe::kFp8, true, 0.15);
+    EXPECT_EQ(e.nan_mismatch, 0);
+    EXPECT_EQ(e.max_abs, 0.0) << to_string(e);
+    EXPECT_EQ(e.cos, 1.0) << to_string(e);
+  }
+}
+
 TEST(PagedPrefillHost, GoldenRejectsBadInput) {
   PrefillCase s;
   Built x = build(s);
@@ -299,6 +318,12 @@ TEST(PagedPrefillHost, GoldenRejectsBadInput) {
                            i32(lens, {b}), {}, Recipe::kFp8, ov, TensorView{});
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("seq_lens[1]"), std::string::npos) << st.message();
+  x.cache.vg = -2.f;
+  st =
+      golden_paged_prefill(qv, i32(x.cu_q, {b + 1}), x.cache.view(), i32(x.table, {b, x.max_pages}),
+                           i32(x.s.lens, {b}), {}, Recipe::kFp8, ov, TensorView{});
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("v_global"), std::string::npos) << st.message();
 }
 
 }  // namespace

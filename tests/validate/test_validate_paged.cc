@@ -91,14 +91,23 @@ TEST_F(ValidatePaged, AppendShapesAndDtypes) {
                "slot_mapping: expected dtype");
 }
 
+// Negative, NaN and infinite globals are refused by appends and readers alike, by name; 0
+// (uncalibrated) is read with factor 0.
 TEST_F(ValidatePaged, BadGlobalScales) {
   c.kg = -1.f;
-  EXPECT_ERROR(append(), "k_global: expected a finite scale > 0, got -1");
+  EXPECT_ERROR(append(), "k_global: expected a finite scale > 0 (or 0: uncalibrated), got -1");
+  EXPECT_ERROR(attend(), "k_global: expected a finite scale > 0 (or 0: uncalibrated), got -1");
   c.kg = NAN;
+  EXPECT_ERROR(append(), "k_global");
   EXPECT_ERROR(attend(), "k_global");
   c.kg = 2.f;
+  c.vg = INFINITY;
+  EXPECT_ERROR(append(), "v_global: expected a finite scale > 0 (or 0: uncalibrated), got inf");
+  EXPECT_ERROR(attend(), "v_global: expected a finite scale > 0 (or 0: uncalibrated), got inf");
+  c.vg = -INFINITY;
+  EXPECT_ERROR(attend(), "v_global");
   c.vg = 0.f;
-  EXPECT_ERROR(attend(), "v_global: expected a finite scale > 0, got 0 (not calibrated");
+  EXPECT_TRUE(attend().ok()) << attend().message();
   PagedKvCache v = c.view();
   v.k_global = make_view(&c.kg, DType::kF64, {1});
   EXPECT_ERROR(attend(v, make_view(q.data(), DType::kF32, {4, 4, 64}),

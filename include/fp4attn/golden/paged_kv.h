@@ -18,7 +18,8 @@ namespace fp4attn {
 // (vLLM's key/value layout); slot_mapping: I32 or I64 [num_tokens], slot = page * page_size +
 // offset, a negative slot skips the token (padding, as vLLM), a slot >= num_pages * page_size or a
 // slot written twice in one call is an error. An uncalibrated global (0) is first set from the
-// tokens this call writes (K and V separately; none written: stays 0). Host memory only.
+// tokens this call writes (K and V separately; stays 0 while their finite amax is 0, none
+// written included). Host memory only.
 Status paged_kv_append(const TensorView& k, const TensorView& v, const TensorView& slot_mapping,
                        const PagedKvCache& cache);
 

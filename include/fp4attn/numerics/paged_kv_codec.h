@@ -51,17 +51,33 @@ FP4ATTN_HD float paged_kv_decode_fp8(uint8_t code, float scale) {
   return detail::mul_rn(e4m3_to_float(code), scale);
 }
 
-// Calibration from the first append. amax is the largest |x| over that append's *finite* values
-// (so one NaN token cannot pin the layer's scale; its own blocks still carry the NaN).
-//   NVFP4: nvfp4_tensor_scale(amax, rule) = 2688 / amax (2304 / amax for kRestricted), 1 if 0.
-//   FP8:   amax / 448, 1 if amax is 0.
+// Calibration of an uncalibrated global (0) from an append. amax is the largest |x| over that
+// append's *finite* values (so one NaN token cannot pin the layer's scale; its own blocks still
+// carry the NaN).
+//   NVFP4: nvfp4_tensor_scale(amax, rule) = 2688 / amax (2304 / amax for kRestricted).
+//   FP8:   amax / 448.
+// amax 0 (only zeros and non-finite values) gives 0: the global stays uncalibrated, and a later
+// append with data sets it. Such tokens lose nothing: zero blocks are zero codes and scales, and
+// non-finite ones NaN, under any global (paged_kv_encode_global, paged_kv_decode_factor).
 FP4ATTN_HD float paged_kv_calibrate_nvfp4(float amax_finite, Nvfp4ScaleRule rule) {
-  return nvfp4_tensor_scale(amax_finite, rule);
+  return amax_finite > 0.f ? nvfp4_tensor_scale(amax_finite, rule) : 0.f;
 }
 FP4ATTN_HD float paged_kv_calibrate_fp8(float amax_finite) {
-  if (!(amax_finite > 0.f)) return 1.f;
+  if (!(amax_finite > 0.f)) return 0.f;
   const float s = detail::div_rn(amax_finite, kE4m3Max);
   return s > 0.f ? s : bits_float(1);  // amax below 448 * 2^-149 would round to 0
+}
+
+// The global an append encodes with: the stored one, or 1 for an uncalibrated one (0), which only
+// an append of zeros and non-finite values leaves (their bytes do not depend on the global).
+FP4ATTN_HD float paged_kv_encode_global(float stored) { return stored == 0.f ? 1.f : stored; }
+
+// A reader's multiplier of a side's global, once per call: num / s_enc for NVFP4 (num: the
+// constant the reader folds in; FP32 division), the decode scale itself for FP8. An uncalibrated
+// global (0) gives 0: its tokens decode as their codes say, zero codes to 0, NaN to NaN.
+FP4ATTN_HD float paged_kv_decode_factor(bool nvfp4, float global, float num) {
+  if (!nvfp4) return global;
+  return global == 0.f ? 0.f : detail::div_rn(num, global);
 }
 
 // Max |x| over the finite values of x[0..n) (NaN and Inf skipped); 0 if none.

@@ -29,6 +29,7 @@
 #include "cuda/decode/tile_loads.cuh"
 #include "cuda/sm90/cp_async.cuh"
 #include "cuda/sm90/ptx.cuh"
+#include "fp4attn/numerics/paged_kv_codec.h"
 #include "fp4attn/paged_kv.h"
 
 namespace fp4attn::paged {
@@ -132,8 +133,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeMinBlocks<D, kFp4, kT>)
                              : p.split_size;
   const int kbeg = split * split_size;
   const int kend_split = min(len, kbeg + split_size);
-  const float k_factor = kFp4 ? 256.f / __ldg(p.k.global) : __ldg(p.k.global);
-  const float v_factor = kFp4 ? 256.f / __ldg(p.v.global) : __ldg(p.v.global);
+  // 0 for an uncalibrated global: its tokens are zero codes or NaN.
+  const float k_factor = paged_kv_decode_factor(kFp4, __ldg(p.k.global), 256.f);
+  const float v_factor = paged_kv_decode_factor(kFp4, __ldg(p.v.global), 256.f);
   const float sl2 = p.scale_log2 * k_factor;
 
   for (int rb = rb_first; rb < num_rb; rb += p.row_blocks) {

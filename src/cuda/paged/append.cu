@@ -157,7 +157,7 @@ Status paged_kv_append_cuda(const TensorView& k, const TensorView& v,
 
   if (opt.calibrate) {
     constexpr size_t kBytes = kPagedAppendScratchBytes;
-    static_assert(kBytes >= 3 * sizeof(uint32_t));
+    static_assert(kBytes >= 2 * sizeof(uint32_t));
     const bool owned = opt.scratch == nullptr;
     if (!owned && reinterpret_cast<uintptr_t>(opt.scratch) % 4 != 0) {
       return Status::Invalid("opt.scratch: must be 4-byte aligned");

@@ -42,7 +42,7 @@ struct AppendParams {
   packed::FastDiv div_heads;   // row -> token
   int32_t num_slots, page_size;
   bool vec_store;   // every data view allows 8-byte (NVFP4) / 16-byte (FP8) block stores
-  uint32_t* calib;  // calibration scratch: K amax bits, V amax bits, "a token was written"
+  uint32_t* calib;  // calibration scratch: K amax bits, V amax bits
 };
 
 struct UnitPos {
@@ -83,20 +83,18 @@ __device__ __forceinline__ uint32_t finite_max2(uint32_t acc, uint32_t w) {
 }
 
 // Calibration pass: atomicMax of the FP32 bits of the finite amax of every written token, per
-// side whose global is still 0, and a flag when any token is written. Exits at once when both
-// globals are set (the usual case after the first append).
+// side whose global is still 0. Exits at once when both globals are set (the usual case after
+// the first append).
 template <typename T>
 __global__ void __launch_bounds__(kAppendThreads) calibrate_amax_kernel(const AppendParams p) {
   const bool need[2] = {*p.side[0].global == 0.f, *p.side[1].global == 0.f};
   if (!need[0] && !need[1]) return;
   uint32_t acc[2] = {0, 0};
-  bool any = false;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kAppendThreads;
   for (int64_t u = static_cast<int64_t>(blockIdx.x) * kAppendThreads + threadIdx.x; u < p.units;
        u += stride) {
     const UnitPos q = unit_pos(p, u);
     if (!slot_written(p, slot_of(p, q.token))) continue;
-    any = true;
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       if (!need[s]) continue;
@@ -115,14 +113,12 @@ __global__ void __launch_bounds__(kAppendThreads) calibrate_amax_kernel(const Ap
         0xFFFFFFFFu, packed::Half16<T>::abs16_to_f32_bits(packed::fold_max2(acc[s])));
     if (lane == 0 && need[s] && bits != 0) atomicMax(p.calib + s, bits);
   }
-  if (__any_sync(0xFFFFFFFFu, any) && lane == 0) atomicOr(p.calib + 2, 1u);
 }
 
-// Sets a global that is still 0 from the amax, when the append writes a token (host:
-// resolve_global). One thread.
+// Sets a global that is still 0 from the amax (host: resolve_global); an amax of 0 (nothing
+// written, or only zeros and non-finite values) leaves it 0. One thread.
 template <bool kNvfp4>
 __global__ void calibrate_finish_kernel(const AppendParams p, Nvfp4ScaleRule rule) {
-  if (p.calib[2] == 0) return;  // nothing written: the globals stay as they are
 #pragma unroll
   for (int s = 0; s < 2; ++s) {
     float* g = p.side[s].global;
@@ -189,13 +185,15 @@ __device__ __forceinline__ void for_each_written_unit(const AppendParams& p, F&&
   }
 }
 
-// NVFP4 encode pass. The globals are read after the calibration kernels (same stream). When
-// s_enc / scale can overflow (nvfp4_table_finite false: a huge s_enc), the side takes the
-// reference block quantizer instead of the table path, as the packed quantizer does.
+// NVFP4 encode pass. The globals are read after the calibration kernels (same stream), one still
+// 0 as paged_kv_encode_global's provisional 1. When s_enc / scale can overflow (nvfp4_table_finite
+// false: a huge s_enc), the side takes the reference block quantizer instead of the table path,
+// as the packed quantizer does.
 template <typename T, Nvfp4ScaleRule kRule>
 __global__ void __launch_bounds__(kAppendThreads) nvfp4_append_kernel(const AppendParams p) {
   __shared__ float2 table[2][kAppendThreads];
-  const float g[2] = {*p.side[0].global, *p.side[1].global};
+  const float g[2] = {paged_kv_encode_global(*p.side[0].global),
+                      paged_kv_encode_global(*p.side[1].global)};
   packed::nvfp4_fill_scale_table(g[0], table[0]);
   packed::nvfp4_fill_scale_table(g[1], table[1]);
   __syncthreads();
@@ -215,11 +213,12 @@ __global__ void __launch_bounds__(kAppendThreads) nvfp4_append_kernel(const Appe
   });
 }
 
-// FP8 encode pass: code = paged_kv_encode_fp8(x, 1 / scale) per element, 16 bytes per block.
+// FP8 encode pass: code = paged_kv_encode_fp8(x, 1 / scale) per element, 16 bytes per block
+// (scale: paged_kv_encode_global of the stored one).
 template <typename T>
 __global__ void __launch_bounds__(kAppendThreads) fp8_append_kernel(const AppendParams p) {
-  const float inv[2] = {paged_kv_fp8_inverse(*p.side[0].global),
-                        paged_kv_fp8_inverse(*p.side[1].global)};
+  const float inv[2] = {paged_kv_fp8_inverse(paged_kv_encode_global(*p.side[0].global)),
+                        paged_kv_fp8_inverse(paged_kv_encode_global(*p.side[1].global))};
   for_each_written_unit(p, [&](const UnitPos& q, int32_t page, int32_t offset, const uint4(&v)[4]) {
 #pragma unroll
     for (int s = 0; s < 2; ++s) {

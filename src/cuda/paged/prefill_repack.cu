@@ -17,6 +17,8 @@
 
 #include "cuda/paged/prefill_bits.h"
 #include "cuda/paged/prefill_repack.h"
+#include "fp4attn/numerics/paged_kv_codec.h"
+#include "fp4attn/paged_prefill.h"
 
 namespace fp4attn::paged {
 namespace {
@@ -88,9 +90,9 @@ __device__ __forceinline__ void load_block(const RepackSide& s, const TokenAddr&
   }
 }
 
+// The operand factor of a side: 8 / s_enc (NVFP4) or the decode scale (FP8); 0 uncalibrated.
 __device__ __forceinline__ float side_factor(const RepackSide& s, bool fp4) {
-  const float g = *s.global;
-  return fp4 ? __fdiv_rn(8.f, g) : g;
+  return paged_kv_decode_factor(fp4, *s.global, kPagedPrefillFoldDivisor);
 }
 
 template <int D, bool kFp4>

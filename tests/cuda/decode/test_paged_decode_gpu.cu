@@ -13,7 +13,7 @@
 // moves O by at most 2^-8 * max|v| (the weights of a convex combination each change by <= 2^-8
 // relative); the output is rounded to BF16 (<= 2^-8 |o|); FP32 scores and sums, ex2.approx:
 // ~1e-5 relative. Allowed per element: 2^-7 * max|v| + 2^-7 * |o| (twice the bound), and over
-// all elements a relative L2 <= 2^-7 (expected ~0.0023, see check_config). LSE: only FP32 sums
+// all elements a relative L2 <= 2^-7 (expected ~0.0023, see check_cache). LSE: only FP32 sums
 // and scores, ~1e-5 relative: allowed 1e-3 absolute (+1e-5 relative).
 // Float64: the GPU output's cosine / rel-L2 against float64 attention on the *unquantized* tokens
 // must match the golden model's own (the format's error) to 1e-3: the kernel adds no error of
@@ -34,6 +34,7 @@
 #include "core/half.h"
 #include "fp4attn/golden/paged_kv.h"
 #include "fp4attn/paged_attention_cuda.h"
+#include "fp4attn/paged_kv_cuda.h"
 #include "harness/metrics.h"
 #include "support/gpu_test_util.h"
 
@@ -87,6 +88,7 @@ struct Config {
                              // ring's byte-copy fallback and the K scales' byte loads
   bool varlen = false;       // rank-3 q with cu_seqlens_q (s_q per sequence: s_q, s_q - 1, ...)
   bool causal = true;
+  int64_t zero_tokens = 0;  // the first tokens (in sequence order) are zeros, appended alone first
   uint32_t seed = 1;
 
   bool fp4() const { return format == KvCacheFormat::kNvfp4; }
@@ -101,6 +103,7 @@ struct Config {
     if (odd_scales) s += " odd-scales";
     if (!host_copies) s += " no-host-copies";
     if (!causal) s += " non-causal";
+    if (zero_tokens > 0) s += " zero-tokens " + std::to_string(zero_tokens);
     return s;
   }
 };
@@ -119,6 +122,11 @@ struct Cache {
   std::vector<int32_t> block_tables, seq_lens;
   // Original BF16 tokens, [b][L][h_kv][d] flattened per sequence.
   std::vector<std::vector<uint16_t>> k, v;
+  // The appends that wrote the pool: tokens [0, first) (Config::zero_tokens), then the rest.
+  std::vector<uint16_t> kt, vt;  // [total, h_kv, d]
+  std::vector<int32_t> slots;
+  int64_t first = 0;
+  float globals_first[2] = {0.f, 0.f};  // after the first append
 
   PagedKvCache views(uint8_t* base, float* g) const {
     auto view = [&](int64_t o, int64_t row, int64_t ps) {
@@ -177,9 +185,10 @@ Cache make_cache(const Config& c) {
   std::shuffle(ids.begin(), ids.end(), rng);
   x.block_tables.assign(b * x.max_pages, -1);
   x.seq_lens = c.lens;
-  int64_t next = 0;
-  std::vector<int32_t> slots;
-  std::vector<uint16_t> kt, vt;
+  int64_t next = 0, tokens = 0;
+  std::vector<int32_t>& slots = x.slots;
+  std::vector<uint16_t>& kt = x.kt;
+  std::vector<uint16_t>& vt = x.vt;
   std::normal_distribution<float> normal(0.f, 1.f);
   x.k.resize(b);
   x.v.resize(b);
@@ -194,7 +203,9 @@ Cache make_cache(const Config& c) {
       // Keys with a per-channel offset (as real keys have), values N(0, 1).
       x.k[bi][i] = float_to_bf16_bits(normal(rng) + 0.5f * std::sin(0.37f * (i % c.d)));
       x.v[bi][i] = float_to_bf16_bits(normal(rng));
+      if (tokens + i / (c.h_kv * c.d) < c.zero_tokens) x.k[bi][i] = x.v[bi][i] = i % 2 ? 0x8000 : 0;
     }
+    tokens += c.lens[bi];
     kt.insert(kt.end(), x.k[bi].begin(), x.k[bi].end());
     vt.insert(vt.end(), x.v[bi].begin(), x.v[bi].end());
     for (int64_t j = 0; j < c.lens[bi]; ++j) {
@@ -202,12 +213,19 @@ Cache make_cache(const Config& c) {
           x.block_tables[bi * x.max_pages + j / c.page_size], c.page_size, j % c.page_size)));
     }
   }
-  const int64_t total = static_cast<int64_t>(slots.size());
-  const Status st = paged_kv_append(make_view(kt.data(), DType::kBF16, {total, c.h_kv, c.d}),
-                                    make_view(vt.data(), DType::kBF16, {total, c.h_kv, c.d}),
-                                    make_view(slots.data(), DType::kI32, {total}),
-                                    x.views(x.pool.data(), x.globals));
-  EXPECT_TRUE(st.ok()) << st.message();
+  const int64_t total = static_cast<int64_t>(slots.size()), row = c.h_kv * c.d;
+  x.first = std::min(c.zero_tokens, total);
+  auto append = [&](int64_t t0, int64_t n) {
+    if (n == 0) return;
+    const Status st = paged_kv_append(
+        make_view(kt.data() + t0 * row, DType::kBF16, {n, c.h_kv, c.d}),
+        make_view(vt.data() + t0 * row, DType::kBF16, {n, c.h_kv, c.d}),
+        make_view(slots.data() + t0, DType::kI32, {n}), x.views(x.pool.data(), x.globals));
+    EXPECT_TRUE(st.ok()) << st.message();
+  };
+  append(0, x.first);
+  std::copy(x.globals, x.globals + 2, x.globals_first);
+  append(x.first, total - x.first);
   return x;
 }
 
@@ -322,11 +340,9 @@ std::vector<double> max_abs_v(const Cache& cache) {
   return m;
 }
 
-// Runs the golden model and the GPU (twice) on one configuration and compares.
-void check_config(const Config& c) {
-  SCOPED_TRACE(c.str());
-  const Cache cache = make_cache(c);
-  if (::testing::Test::HasFailure()) return;
+// Runs the golden model and the GPU (twice) on one cache and compares.
+void check_cache(const Cache& cache) {
+  const Config& c = cache.c;
   const Query x = make_query(c, c.seed + 77);
   const int64_t b = static_cast<int64_t>(c.lens.size());
   const int64_t group = c.h / c.h_kv;
@@ -455,6 +471,13 @@ void check_config(const Config& c) {
   }
 }
 
+void check_config(const Config& c) {
+  SCOPED_TRACE(c.str());
+  const Cache cache = make_cache(c);
+  if (::testing::Test::HasFailure()) return;
+  check_cache(cache);
+}
+
 // ---- the sweep
 // -----------------------------------------------------------------------------------
 
@@ -504,6 +527,66 @@ TEST(PagedDecodeGpu, Fp8D128) {
 TEST(PagedDecodeGpu, Fp8D64) {
   SKIP_WITHOUT_GPU();
   sweep(KvCacheFormat::kFp8, 64);
+}
+
+// Appends of zeros leave the globals uncalibrated (0) on the device as on the host, and the next
+// append calibrates them: the same appends on the device (paged_kv_append_cuda) give the host's
+// pool bytes and globals, and decode over the device-written cache matches the golden model; a
+// cache of zeros alone (globals still 0 at decode) gives O = 0. Both formats.
+TEST(PagedDecodeGpu, ZeroFirstAppendThenDataMatchesTheGolden) {
+  SKIP_WITHOUT_GPU();
+  for (KvCacheFormat format : {KvCacheFormat::kNvfp4, KvCacheFormat::kFp8}) {
+    for (bool all_zero : {false, true}) {
+      Config c;
+      c.format = format;
+      c.h = 8;
+      c.h_kv = 2;
+      c.lens = {40, 1, 300};
+      c.zero_tokens = all_zero ? 341 : 41;  // sequences 0 and 1, or everything
+      c.seed = all_zero ? 91 : 92;
+      SCOPED_TRACE(c.str());
+      const Cache host = make_cache(c);
+      ASSERT_FALSE(::testing::Test::HasFailure());
+      EXPECT_EQ(host.globals_first[0], 0.f);
+      EXPECT_EQ(host.globals_first[1], 0.f);
+      EXPECT_EQ(host.globals[0] == 0.f, all_zero);
+      EXPECT_EQ(host.globals[1] == 0.f, all_zero);
+
+      // The same two appends on the device, into a pool holding the host pool's first bytes.
+      Dev dpool(std::vector<uint8_t>(host.pool.size(), 0x5A));
+      Dev dglob(std::vector<float>{0.f, 0.f});
+      Dev dk(host.kt), dv(host.vt), ds(host.slots);
+      ASSERT_TRUE(dpool.ok() && dglob.ok() && dk.ok() && dv.ok() && ds.ok());
+      const PagedKvCache dcache = host.views(dpool.get(), reinterpret_cast<float*>(dglob.get()));
+      const int64_t total = static_cast<int64_t>(host.slots.size()), row = c.h_kv * c.d;
+      auto append = [&](int64_t t0, int64_t n) {
+        const Status st =
+            paged_kv_append_cuda(make_view(dk.get() + 2 * t0 * row, DType::kBF16, {n, c.h_kv, c.d}),
+                                 make_view(dv.get() + 2 * t0 * row, DType::kBF16, {n, c.h_kv, c.d}),
+                                 make_view(ds.get() + 4 * t0, DType::kI32, {n}), dcache,
+                                 PagedAppendCudaOptions{}, nullptr);
+        EXPECT_TRUE(st.ok()) << st.message();
+      };
+      append(0, host.first);
+      CUDA_OK(cudaDeviceSynchronize());
+      std::vector<float> g = dglob.download<float>();
+      EXPECT_EQ(g[0], 0.f);
+      EXPECT_EQ(g[1], 0.f);
+      append(host.first, total - host.first);
+      CUDA_OK(cudaDeviceSynchronize());
+      CUDA_OK(cudaGetLastError());
+      g = dglob.download<float>();
+      EXPECT_EQ(g[0], host.globals[0]);
+      EXPECT_EQ(g[1], host.globals[1]);
+      Cache device = host;
+      device.pool = dpool.download<uint8_t>();
+      EXPECT_TRUE(device.pool == host.pool) << "the device append's pool differs from the host's";
+      std::copy(g.begin(), g.end(), device.globals);
+      if (::testing::Test::HasFailure()) return;
+      check_cache(device);
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
 }
 
 // The transposed kernel (<= 8 query rows per kv head, decode.md 7.8): 32/8 and 8/8 with one token,

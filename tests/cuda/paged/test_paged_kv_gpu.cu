@@ -10,12 +10,14 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/half.h"
@@ -399,6 +401,61 @@ TEST(PagedAppendGpu, SeveralAppendsCalibrateOnlyOnTheFirst) {
                  make_tokens(row, dt, Tokens::kAdversarial, 18), dt, s4, s4, true, nullptr);
         if (::testing::Test::HasFailure()) return;
       }
+    }
+  }
+}
+
+// An append whose written tokens have finite amax 0 (+-0, then NaN/Inf and zeros; a skipped
+// token of data does not count) leaves both globals 0 on the device, as on the host; the next
+// append with data calibrates them to what one append of that data gives. Every byte and both
+// globals equal the host twin's after each append.
+TEST(PagedAppendGpu, ZeroFirstAppendLeavesGlobalsUncalibrated) {
+  SKIP_WITHOUT_GPU();
+  std::vector<std::pair<KvCacheFormat, Nvfp4ScaleRule>> formats = {
+      {KvCacheFormat::kFp8, Nvfp4ScaleRule::kNearest}};
+  for (Nvfp4ScaleRule r : kRules) formats.push_back({KvCacheFormat::kNvfp4, r});
+  for (const auto& [format, rule] : formats) {
+    for (DType dt : kDtypes) {
+      const Geometry g{format, 6, 16, 8, 128, Pool::kInterleaved, rule};
+      TwinCache c(g);
+      ASSERT_TRUE(c.ok());
+      const int64_t row = g.heads * g.d;
+      const uint16_t nan = dt == DType::kBF16 ? 0x7FC0 : 0x7E00;
+      const uint16_t inf = dt == DType::kBF16 ? 0x7F80 : 0x7C00;
+      // 1: zeros and -0; token 3 (data) skipped.
+      std::vector<uint16_t> zeros(4 * row, 0);
+      for (int64_t i = 1; i < 3 * row; i += 3) zeros[i] = 0x8000;
+      const std::vector<uint16_t> data = make_tokens(row, dt, Tokens::kRandom, 71);
+      std::copy(data.begin(), data.end(), zeros.begin() + 3 * row);
+      const std::vector<int32_t> s1 = {0, 1, 2, -1};
+      c.append(zeros, zeros, dt, s1, s1, true, nullptr);
+      EXPECT_EQ(c.host_global(0), 0.f);
+      EXPECT_EQ(c.host_global(1), 0.f);
+      // 2: NaN, +-Inf and zeros only.
+      std::vector<uint16_t> bad(2 * row, 0);
+      for (int64_t i = 0; i < 2 * row; i += 7) {
+        bad[i] = i % 3 == 0 ? nan : static_cast<uint16_t>(inf | (i % 2 ? 0x8000 : 0));
+      }
+      const std::vector<int32_t> s2 = {17, 40};
+      c.append(bad, bad, dt, s2, s2, false, nullptr);
+      EXPECT_EQ(c.host_global(0), 0.f);
+      EXPECT_EQ(c.host_global(1), 0.f);
+      // 3: data calibrates.
+      const std::vector<uint16_t> k3 = make_tokens(30 * row, dt, Tokens::kAdversarial, 72);
+      const std::vector<uint16_t> v3 = make_tokens(30 * row, dt, Tokens::kRandom, 73);
+      const auto s3 = scattered_slots(30, 96, 74);
+      std::vector<int32_t> s3_free = s3;  // the slots of appends 1 and 2 are taken: skip those
+      for (int32_t& s : s3_free) {
+        if (s <= 2 || s == 17 || s == 40) s = -1;
+      }
+      c.append(k3, v3, dt, s3_free, s3_free, true, nullptr);
+      TwinCache once(g);
+      ASSERT_TRUE(once.ok());
+      once.append(k3, v3, dt, s3_free, s3_free, true, nullptr);
+      EXPECT_NE(c.host_global(0), 0.f);
+      EXPECT_EQ(c.host_global(0), once.host_global(0));
+      EXPECT_EQ(c.host_global(1), once.host_global(1));
+      if (::testing::Test::HasFailure()) return;
     }
   }
 }
