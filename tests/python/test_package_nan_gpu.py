@@ -70,3 +70,31 @@ def test_finite_inputs_give_finite_outputs(recipe):
     q, k, v = inputs(3)
     cpu, gpu = run_both(recipe, q, k, v)
     assert not cpu.any() and not gpu.any()
+
+
+@pytest.mark.parametrize("fmt", fp4attn.paged.FORMATS)
+def test_nan_in_a_cached_key_reaches_the_decode_rows_that_read_it(fmt):
+    # Two sequences of 40 tokens in pages of 16, 2 kv heads; a NaN in one K value of sequence 0,
+    # kv head 1. Its block scale (nvfp4) or the tensor's scale (fp8: calibrated by the finite
+    # amax, the value itself encodes as NaN) makes the scores of that key NaN, so every query head
+    # of that kv head in sequence 0 is NaN and nothing else: the GPU decode's pattern is the
+    # golden model's.
+    h, h_kv, d, page, length = 4, 2, 64, 16, 40
+    g = torch.Generator().manual_seed(5)
+    kv = torch.randn(2 * length, h_kv, d, generator=g).bfloat16()
+    k, v = kv.clone(), torch.randn(2 * length, h_kv, d, generator=g).bfloat16()
+    k[7, 1, 3] = float("nan")
+    slots = torch.arange(2 * length)
+    table = torch.arange(2 * 3, dtype=torch.int32).view(2, 3)  # 3 pages per sequence
+    lens = torch.full((2,), length, dtype=torch.int32)
+    q = torch.randn(2, 1, h, d, generator=g).bfloat16()
+
+    def run(device):
+        cache = fp4attn.PagedKVCache.empty(6, page, h_kv, d, format=fmt, device=device)
+        fp4attn.append_kv(cache, k.to(device), v.to(device), slots.to(device))
+        o = fp4attn.decode(q.to(device), cache, table.to(device), lens.to(device), causal=True)
+        return nan_mask(o)
+
+    cpu, gpu = run("cpu"), run("cuda")
+    assert cpu[0, :, 2:].all() and not cpu[0, :, :2].any() and not cpu[1].any(), "golden pattern"
+    assert torch.equal(gpu, cpu), f"GPU decode NaN pattern differs from the golden model's ({fmt})"
