@@ -86,22 +86,17 @@ def _record(name, direct_name, ms, fn, direct, **point):
 
 
 def graphed(fn):
-    """fn captured in a CUDA graph: a function that replays it and returns its (static) output."""
+    """fn captured in a CUDA graph (decode_api.graph_of): a function that replays it and returns
+    its (static) output."""
     import torch
+    from decode_api import graph_of
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture (plans, allocator pools)
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
+    outs = []
+    graph = graph_of(torch, lambda: outs.append(fn()))  # outs[-1]: the captured call's output
 
     def replay():
         graph.replay()
-        return out
+        return outs[-1]
 
     return replay
 

@@ -97,10 +97,7 @@ Status golden_attention_forward(const TensorView& q, const TensorView& k, const 
   FP4ATTN_RETURN_IF_ERROR(check_tensor_scale(opt.q_tensor_scale, "q_tensor_scale"));
   FP4ATTN_RETURN_IF_ERROR(check_tensor_scale(opt.k_tensor_scale, "k_tensor_scale"));
   FP4ATTN_RETURN_IF_ERROR(check_tensor_scale(opt.v_tensor_scale, "v_tensor_scale"));
-  if (!recipe_is_valid(opt.recipe)) {
-    return Status::Invalid("recipe: unknown recipe value " +
-                           std::to_string(static_cast<int>(opt.recipe)));
-  }
+  FP4ATTN_RETURN_IF_ERROR(check_recipe_value(opt.recipe));
   const int64_t heads = task.shape.b * task.shape.h;
   std::vector<RecipeStats> per_head(heads);
   parallel_for(heads, [&](int64_t bh) {

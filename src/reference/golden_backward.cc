@@ -290,10 +290,7 @@ void run_head(const Task& t, int64_t b, int64_t h, double* dk, double* dv) {
 }
 
 Status check_options(const RecipeOptions& opt, const BackwardOptions& bopt) {
-  if (!recipe_is_valid(opt.recipe)) {
-    return Status::Invalid("recipe: unknown recipe value " +
-                           std::to_string(static_cast<int>(opt.recipe)));
-  }
+  FP4ATTN_RETURN_IF_ERROR(check_recipe_value(opt.recipe));
   if (bopt.arithmetic == BackwardArithmetic::kEmulatedFp8 && opt.recipe == Recipe::kBf16) {
     return Status::Invalid("arithmetic: kEmulatedFp8 needs an FP8/FP4 recipe, got bf16");
   }

@@ -124,10 +124,7 @@ void run_head(const ForwardOperands& in, const RecipeOptions& opt, const Dims& x
 
 Status golden_attention_forward_operands(const ForwardOperands& in, const RecipeOptions& opt,
                                          const TensorView& o, const TensorView& lse) {
-  if (!recipe_is_valid(opt.recipe)) {
-    return Status::Invalid("recipe: unknown recipe value " +
-                           std::to_string(static_cast<int>(opt.recipe)));
-  }
+  FP4ATTN_RETURN_IF_ERROR(check_recipe_value(opt.recipe));
   Dims x{};
   FP4ATTN_RETURN_IF_ERROR(validate(in, opt, o, lse, &x));
   double scale = 0;

@@ -156,22 +156,23 @@ RowP make_row_p(const std::vector<double>& z, int64_t n, const RecipeOptions& op
     param = block_param->data();
   }
   RowP r;
-  switch (recipe_p_is_codes(opt.recipe) ? Recipe::kNvfp4Fast : opt.recipe) {
-    case Recipe::kBf16:
-      r = bf16_p(z, n);
-      break;
-    case Recipe::kNvfp4Fast:  // and fp8-fast: the code map
-      r = fast_p(z, n);
-      break;
-    case Recipe::kNvfp4All:
-      r = nvfp4_all_p(z, n, opt.emulation, param);
-      break;
-    case Recipe::kFp4Direct:
-      r = direct_p(z, n, opt.emulation, param);
-      break;
-    default:
-      r = fp8_exp2_p(z, n);
-      break;
+  if (recipe_p_is_codes(opt.recipe)) {
+    r = fast_p(z, n);
+  } else {
+    switch (opt.recipe) {
+      case Recipe::kBf16:
+        r = bf16_p(z, n);
+        break;
+      case Recipe::kNvfp4All:
+        r = nvfp4_all_p(z, n, opt.emulation, param);
+        break;
+      case Recipe::kFp4Direct:
+        r = direct_p(z, n, opt.emulation, param);
+        break;
+      default:
+        r = fp8_exp2_p(z, n);
+        break;
+    }
   }
   for (double p : r.p) r.zeros += (p == 0);
   return r;

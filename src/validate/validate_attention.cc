@@ -154,6 +154,12 @@ Status check_output_strides(const TensorView& t, const char* name) {
   return Status::Ok();
 }
 
+Status check_recipe_value(Recipe recipe) {
+  if (recipe_is_valid(recipe)) return Status::Ok();
+  return Status::Invalid("recipe: unknown recipe value " +
+                         std::to_string(static_cast<int>(recipe)));
+}
+
 Status resolve_softmax_scale(double softmax_scale, int64_t d, double* out) {
   if (softmax_scale == 0) {
     if (d <= 0) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "fp4attn/recipe.h"
 #include "fp4attn/status.h"
 #include "fp4attn/tensor.h"
 
@@ -50,6 +51,10 @@ Status check_like(const TensorView& t, const char* name, const TensorView& like,
 
 // A non-empty output must not write one element twice: no stride 0 on a dimension of size > 1.
 Status check_output_strides(const TensorView& t, const char* name);
+
+// The recipe is one of kAllRecipes (a value cast from an integer need not be):
+// "recipe: unknown recipe value 12".
+Status check_recipe_value(Recipe recipe);
 
 // Resolves 0 to 1/sqrt(d); any other value must be finite and > 0:
 // "softmax_scale: expected a finite value > 0, got -1".

@@ -15,10 +15,7 @@ Status validate_operand(const TensorView& x, Recipe recipe, OperandRole role,
   FP4ATTN_RETURN_IF_ERROR(check_strides(x, "x"));
   const int64_t b = x.shape[0], s = x.shape[1], h = x.shape[2], d = x.shape[3];
   FP4ATTN_RETURN_IF_ERROR(check_operand_head_dim(d, "x"));
-  if (!recipe_is_valid(recipe)) {
-    return Status::Invalid("recipe: unknown recipe value " +
-                           std::to_string(static_cast<int>(recipe)));
-  }
+  FP4ATTN_RETURN_IF_ERROR(check_recipe_value(recipe));
   if (!(opt.tensor_scale >= 0) || !std::isfinite(opt.tensor_scale)) {
     return Status::Invalid("tensor_scale: expected a finite value >= 0 (0 = computed), got " +
                            std::to_string(opt.tensor_scale));

@@ -7,7 +7,8 @@
 namespace fp4attn::sm90 {
 
 // exp2  (fp8, nvfp4, nvfp4-hx, mxfp4): P = E4M3(2^(z - m + 8)), unrounded row sums;
-// codes (nvfp4-fast, fp8-fast): E4M3 codes RNE(8 (z - m)) + 120 without exp2, sums of the rounded codes;
+// codes (nvfp4-fast, fp8-fast): E4M3 codes RNE(8 (z - m)) + 120 without exp2, sums of the
+// rounded codes;
 // direct (fp4-direct): E2M1 codes of the affine surrogate per 32-key block, folded into E4M3;
 // all (nvfp4-all): 2^(z - m) quantized to NVFP4 per 16-key block (global scale 2688), folded.
 // kPConstant is for measuring only (wrong results): a constant P in place of the whole softmax,
