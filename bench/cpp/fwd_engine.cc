@@ -16,27 +16,32 @@ FwdProblem::FwdProblem(const FwdPoint& p, Recipe recipe, const void* q, const vo
 }
 
 namespace {
-// The bf16 recipe keeps BF16 operands; every other recipe folds into E4M3 (operands.h).
-DType data_type(Recipe r) { return r == Recipe::kBf16 ? DType::kBF16 : DType::kE4M3; }
 size_t bytes(int64_t n, DType t) { return static_cast<size_t>(n) * dtype_size(t); }
 }  // namespace
 
 Status FwdProblem::prepare() {
-  const DType dt = data_type(recipe_);
+  const DType dt = operand_data_dtype(recipe_, OperandRole::kQ);
   const int64_t pitch = operand_v_pitch(p_.s_k);
   q_data_ = DeviceBuffer(bytes(p_.b * p_.h * p_.s_q * p_.d, dt));
   q_scale_ = DeviceBuffer(4 * static_cast<size_t>(p_.b * p_.h * operand_scale_tiles(p_.s_q)));
   k_data_ = DeviceBuffer(bytes(p_.b * p_.h_kv * p_.s_k * p_.d, dt));
   k_scale_ = DeviceBuffer(4 * static_cast<size_t>(p_.b * p_.h_kv * operand_scale_tiles(p_.s_k)));
-  v_data_ = DeviceBuffer(bytes(p_.b * p_.h_kv * p_.d * pitch, dt));
+  v_data_ = DeviceBuffer(
+      bytes(p_.b * p_.h_kv * p_.d * pitch, operand_data_dtype(recipe_, OperandRole::kV)));
+  if (recipe_smooths_k(recipe_))
+    k_mean_ = DeviceBuffer(4 * static_cast<size_t>(p_.b * p_.h_kv * p_.d));
   v_scale_ = DeviceBuffer(4 * static_cast<size_t>(p_.b * p_.h_kv * p_.d));
   o_ = DeviceBuffer(2 * static_cast<size_t>(p_.b * p_.s_q * p_.h * p_.d));
   return Status::Ok();
 }
 
 Status FwdProblem::quantize(OperandRole role, cudaStream_t stream) const {
-  const DType dt = data_type(recipe_);
-  const OperandOptions opt;  // computed NVFP4 scales, no K smoothing: the engine's defaults
+  const DType dt = operand_data_dtype(recipe_, role);
+  // Computed NVFP4 scales, K smoothed only where the recipe always smooths: the engine's defaults.
+  const OperandOptions opt;
+  const TensorView k_mean = recipe_smooths_k(recipe_)
+                                ? make_view(k_mean_.get(), DType::kF32, {p_.b, p_.h_kv, p_.d})
+                                : TensorView{};
   switch (role) {
     case OperandRole::kQ:
       return quantize_operand_cuda(
@@ -47,7 +52,7 @@ Status FwdProblem::quantize(OperandRole role, cudaStream_t stream) const {
       return quantize_operand_cuda(
           xk_, recipe_, role, opt, make_view(k_data_.get(), dt, {p_.b, p_.h_kv, p_.s_k, p_.d}),
           make_view(k_scale_.get(), DType::kF32, {p_.b, p_.h_kv, operand_scale_tiles(p_.s_k)}),
-          TensorView{}, stream);
+          k_mean, stream);
     case OperandRole::kV:
       return quantize_operand_cuda(
           xv_, recipe_, role, opt,
@@ -58,13 +63,14 @@ Status FwdProblem::quantize(OperandRole role, cudaStream_t stream) const {
 }
 
 Status FwdProblem::forward(cudaStream_t stream) const {
-  const DType dt = data_type(recipe_);
+  const DType dt = operand_data_dtype(recipe_, OperandRole::kQ);
   ForwardOperands in;
   in.q_data = make_view(q_data_.get(), dt, {p_.b, p_.h, p_.s_q, p_.d});
   in.q_scale = make_view(q_scale_.get(), DType::kF32, {p_.b, p_.h, operand_scale_tiles(p_.s_q)});
   in.k_data = make_view(k_data_.get(), dt, {p_.b, p_.h_kv, p_.s_k, p_.d});
   in.k_scale = make_view(k_scale_.get(), DType::kF32, {p_.b, p_.h_kv, operand_scale_tiles(p_.s_k)});
-  in.v_data = make_view(v_data_.get(), dt, {p_.b, p_.h_kv, p_.d, operand_v_pitch(p_.s_k)});
+  in.v_data = make_view(v_data_.get(), operand_data_dtype(recipe_, OperandRole::kV),
+                        {p_.b, p_.h_kv, p_.d, operand_v_pitch(p_.s_k)});
   in.v_scale = make_view(v_scale_.get(), DType::kF32, {p_.b, p_.h_kv, p_.d});
   ForwardOptions opt;
   opt.recipe = recipe_;

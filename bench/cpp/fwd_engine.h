@@ -35,6 +35,7 @@ class FwdProblem {
   bool bound_;
   TensorView xq_, xk_, xv_;
   DeviceBuffer q_data_, q_scale_, k_data_, k_scale_, v_data_, v_scale_, o_;
+  DeviceBuffer k_mean_;  // the int8 recipes' K mean (recipe_smooths_k)
 };
 
 }  // namespace fp4attn::bench

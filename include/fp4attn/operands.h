@@ -3,8 +3,8 @@
 //
 // Layouts:
 //   Q, K: data [b, h, s, d] (d contiguous: K-major for Q K^T), natural token order, E4M3 bytes
-//         (BF16 for bf16); scale FP32 [b, h, ceil(s / 128)]: the factor of the rows of each
-//         128-token tile.
+//         (BF16 for bf16, INT8 for the int8 recipes); scale FP32 [b, h, ceil(s / 128)]: the factor
+//         of the rows of each 128-token tile.
 //   V:    data [b, h_kv, d, s_pad] (tokens contiguous: V transposed), s_pad = s rounded up to 16,
 //         keys permuted inside every 16-key group (operand_v_key_at below), padding keys (>= s)
 //         0 wherever they land; scale FP32 [b, h_kv, d], the factor of each channel (unchanged by
@@ -59,9 +59,12 @@ constexpr int kOperandPow2FoldTop = 6;
 constexpr int64_t kOperandVKeyGroup = 16;
 static_assert(kOperandTokenPad % kOperandVKeyGroup == 0);
 
-// The dtype of an operand's data: BF16 for the bf16 recipe, E4M3 codes for every other.
-constexpr DType operand_data_dtype(Recipe recipe) {
-  return recipe == Recipe::kBf16 ? DType::kBF16 : DType::kE4M3;
+// The dtype of an operand's data: BF16 for the bf16 recipe, INT8 for the int8 recipes' Q and K,
+// E4M3 codes for every other.
+constexpr DType operand_data_dtype(Recipe recipe, OperandRole role) {
+  if (recipe == Recipe::kBf16) return DType::kBF16;
+  if (recipe_qk_is_int8(recipe) && role != OperandRole::kV) return DType::kI8;
+  return DType::kE4M3;
 }
 
 // The head dims every operand and kernel takes.

@@ -10,7 +10,7 @@
 
 namespace fp4attn {
 
-enum class DType : int { kF64, kF32, kBF16, kF16, kU8, kE4M3, kE5M2, kI32, kI64 };
+enum class DType : int { kF64, kF32, kBF16, kF16, kU8, kE4M3, kE5M2, kI32, kI64, kI8 };
 
 const char* dtype_name(DType t);
 int dtype_size(DType t);

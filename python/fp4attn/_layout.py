@@ -23,14 +23,19 @@ PACKED_BLOCK = dict(_C.PACKED_BLOCK)  # packed FP4: values per scale along the l
 NVFP4_SCALE_RULES = tuple(_C.NVFP4_SCALE_RULES)
 PAGED_ERRORS = dict(_C.PAGED_ERRORS)  # paged_kv.h: device error flag bit -> what it means
 
-_DATA_DTYPE = {r: getattr(torch, _C.operand_data_dtype(r)) for r in RECIPES}
+_DATA_DTYPE = {
+    (r, role): getattr(torch, _C.operand_data_dtype(r, role)) for r in RECIPES for role in "qkv"
+}
+# recipe.h recipe_smooths_k: the recipes whose K is smoothed whatever smooth_k says.
+SMOOTHS_K = tuple(r for r in RECIPES if _C.recipe_smooths_k(r))
 _FP4_RULE = {(r, role): _C.operand_fp4_rule(r, role) for r in RECIPES for role in ("q", "k", "v")}
 
 
-def operand_dtype(recipe: str) -> torch.dtype:
-    """The dtype of a recipe's operand data (bfloat16 for bf16, float8_e4m3fn otherwise)."""
-    dtype = _DATA_DTYPE.get(recipe)
-    return dtype if dtype is not None else getattr(torch, _C.operand_data_dtype(recipe))  # raises
+def operand_dtype(recipe: str, role: str = "q") -> torch.dtype:
+    """The dtype of a role's operand data: bfloat16 for bf16, int8 for the int8 recipes' Q and K,
+    float8_e4m3fn otherwise."""
+    dtype = _DATA_DTYPE.get((recipe, role))
+    return dtype if dtype is not None else getattr(torch, _C.operand_data_dtype(recipe, role))
 
 
 def operand_shapes(x_shape, role: str):

@@ -91,7 +91,7 @@ def quantize_operand(
 ) -> tuple[Tensor, Tensor]:
     """The kernel operand (data, scale) of a BSHD input for `role` in ('q', 'k', 'v')."""
     data_shape, scale_shape = operand_shapes(x.shape, role)
-    data = torch.empty(data_shape, dtype=operand_dtype(recipe), device=x.device)
+    data = torch.empty(data_shape, dtype=operand_dtype(recipe, role), device=x.device)
     scale = torch.empty(scale_shape, dtype=torch.float32, device=x.device)
     if x.device.type == "cuda":
         require_cuda_build(role)
@@ -117,7 +117,7 @@ def quantize_operand(
 def _(x, recipe, role, tensor_scale):
     data_shape, scale_shape = operand_shapes(x.shape, role)
     return (
-        x.new_empty(data_shape, dtype=operand_dtype(recipe)),
+        x.new_empty(data_shape, dtype=operand_dtype(recipe, role)),
         x.new_empty(scale_shape, dtype=torch.float32),
     )
 
@@ -130,7 +130,7 @@ def quantize_k_smoothed(
     (batch, kv head, channel), numerics.md §3), and that mean, float32 [b, h_kv, d] (BF16 values:
     the golden model rounds it so)."""
     data_shape, scale_shape = operand_shapes(x.shape, "k")
-    data = torch.empty(data_shape, dtype=operand_dtype(recipe), device=x.device)
+    data = torch.empty(data_shape, dtype=operand_dtype(recipe, "k"), device=x.device)
     scale = torch.empty(scale_shape, dtype=torch.float32, device=x.device)
     b, _, h, d = x.shape
     mean = torch.empty((b, h, d), dtype=torch.float32, device=x.device)
@@ -159,7 +159,7 @@ def _(x, recipe, tensor_scale):
     data_shape, scale_shape = operand_shapes(x.shape, "k")
     b, _, h, d = x.shape
     return (
-        x.new_empty(data_shape, dtype=operand_dtype(recipe)),
+        x.new_empty(data_shape, dtype=operand_dtype(recipe, "k")),
         x.new_empty(scale_shape, dtype=torch.float32),
         x.new_empty((b, h, d), dtype=torch.float32),
     )

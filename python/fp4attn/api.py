@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from . import _checks, _defaults, _layout, _ops
+from ._native import UnsupportedError
 from .quantized import QuantizedQKV
 
 
@@ -53,6 +54,7 @@ def attn_func(
     recipe = _defaults.resolve(recipe)
     _checks.check_choice(d_source, "d_source", _checks.D_SOURCES)
     _checks.check_bool(smooth_k, "smooth_k")
+    smooth_k = smooth_k or recipe in _layout.SMOOTHS_K  # the int8 recipes always smooth K
     qb, kb, vb = _layout.to_bshd(q, layout), _layout.to_bshd(k, layout), _layout.to_bshd(v, layout)
     if q.device.type == "cuda" and (smooth_k or _trains_on_gpu(q, k, v, recipe)):
         o, lse = _operands_cuda(qb, kb, vb, recipe, scale, causal, d_source, smooth_k)
@@ -149,6 +151,11 @@ def quantize_qkv(
     _checks.check_layout(layout)
     _checks.check_qkv(q, k, v, layout)
     recipe = _defaults.resolve(recipe)
+    if recipe in _layout.SMOOTHS_K:
+        raise UnsupportedError(
+            f"recipe: {recipe!r} smooths K, and QuantizedQKV does not carry K's mean (the LSE "
+            "correction) yet; use attn_func"
+        )
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         _checks.check_quantize_dtype(t, name)
     scales = [
@@ -192,8 +199,8 @@ def _check_operands(qkv: QuantizedQKV) -> None:
     for name, rank in zip(QuantizedQKV.TENSORS, (4, 3, 4, 3, 4, 3)):
         t = _checks.check_tensor(getattr(qkv, name), name, rank, "(see QuantizedQKV)")
         _checks.check_device(t, name, qkv.q_data, "q_data")
-    code = _layout.operand_dtype(qkv.recipe)
     for name in ("q_data", "k_data", "v_data"):
+        code = _layout.operand_dtype(qkv.recipe, name[0])
         if getattr(qkv, name).dtype != code:
             raise TypeError(
                 f"{name}: expected dtype {code} for recipe {qkv.recipe!r}, got "

@@ -24,6 +24,10 @@ const char* recipe_name(Recipe r) {
       return "fp4-direct";
     case Recipe::kFp8Fast:
       return "fp8-fast";
+    case Recipe::kInt8:
+      return "int8";
+    case Recipe::kInt8Fast:
+      return "int8-fast";
   }
   return "unknown";
 }
@@ -48,6 +52,10 @@ const char* recipe_summary(Recipe r) {
       return "NVFP4 Q/K, MXFP4 P (exp-free affine surrogate, Direct-P) and MXFP4 V";
     case Recipe::kFp8Fast:
       return "E4M3 Q/K (scale per 128 tokens), E4M3 P from the exp-free code map, E4M3 V";
+    case Recipe::kInt8:
+      return "INT8 Q/K (scale per 128 tokens, K smoothed), E4M3 P (exp2), E4M3 V (per channel)";
+    case Recipe::kInt8Fast:
+      return "INT8 Q/K (scale per 128 tokens, K smoothed), E4M3 P from the exp-free code map";
   }
   return "";
 }
@@ -59,7 +67,12 @@ bool recipe_has_gpu_forward(Recipe r) {
   return false;
 }
 
-bool recipe_has_gpu_backward(Recipe r) { return recipe_has_gpu_forward(r); }
+bool recipe_has_gpu_backward(Recipe r) {
+  for (Recipe g : kGpuBackwardRecipes) {
+    if (g == r) return true;
+  }
+  return false;
+}
 
 const char* gpu_recipe_names() {
   static const std::string names = [] {

@@ -30,6 +30,8 @@ const char* dtype_name(DType t) {
       return "int32";
     case DType::kI64:
       return "int64";
+    case DType::kI8:
+      return "int8";
   }
   return "unknown";
 }
@@ -48,6 +50,7 @@ int dtype_size(DType t) {
     case DType::kU8:
     case DType::kE4M3:
     case DType::kE5M2:
+    case DType::kI8:
       return 1;
   }
   return 0;

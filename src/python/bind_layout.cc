@@ -68,8 +68,15 @@ void bind_layout(nb::module_& m) {
       "The position of a key in its V^T row (the inverse of operand_v_key_at).");
   m.def(
       "operand_data_dtype",
-      [](const std::string& recipe) { return dtype_name(operand_data_dtype(recipe_arg(recipe))); },
-      arg("recipe"), "The dtype name of a recipe's operand data: 'float8_e4m3fn' or 'bfloat16'.");
+      [](const std::string& recipe, const std::string& role) {
+        return dtype_name(operand_data_dtype(recipe_arg(recipe), role_arg(role)));
+      },
+      arg("recipe"), arg("role"),
+      "The dtype name of a role's operand data: 'float8_e4m3fn', 'int8' or 'bfloat16'.");
+  m.def(
+      "recipe_smooths_k",
+      [](const std::string& recipe) { return recipe_smooths_k(recipe_arg(recipe)); },
+      arg("recipe"), "Whether the recipe smooths K by its mean whatever smooth_k says (int8).");
   m.def("operand_fp4_rule", &operand_fp4_rule, arg("recipe"), arg("role"),
         "('nvfp4' | 'mxfp4', scale rule name) of the FP4 quantizer behind a role's operand, or "
         "None (E4M3 and BF16 operands, fp4-direct's V).");

@@ -21,6 +21,7 @@ bool dtype_of(dl::dtype t, DType* out) {
       {uint8_t(Code::Float), 16, DType::kF16}, {uint8_t(Code::Bfloat), 16, DType::kBF16},
       {uint8_t(Code::UInt), 8, DType::kU8},    {uint8_t(Code::Int), 32, DType::kI32},
       {uint8_t(Code::Int), 64, DType::kI64},   {kDLFloat8E4M3FN, 8, DType::kE4M3},
+      {uint8_t(Code::Int), 8, DType::kI8},
   };
   if (t.lanes != 1) return false;
   for (const Entry& e : kTable) {

@@ -40,7 +40,7 @@ void run_head(const HeadTask& t, int64_t b, int64_t h, RecipeStats* stats) {
   HeadMatrix k = golden::gather_head(*t.k, b, hk);
   HeadMatrix v = golden::gather_head(*t.v, b, hk);
   std::vector<double> kmean;
-  if (opt.smooth_k) kmean = golden::smooth_keys(&k);
+  if (k_is_smoothed(opt.recipe, opt.smooth_k)) kmean = golden::smooth_keys(&k);
 
   const Operand qo = golden::prepare_qk(q, opt.recipe, opt.emulation, opt.q_tensor_scale);
   const Operand ko = golden::prepare_qk(k, opt.recipe, opt.emulation, opt.k_tensor_scale);
@@ -68,7 +68,7 @@ void run_head(const HeadTask& t, int64_t b, int64_t h, RecipeStats* stats) {
       }
       for (int64_t c = 0; c < d; ++c) acc[c] *= vo.factor[c] * p.p_unit / p.l;
       lse = p.lse_log2 * std::numbers::ln2;
-      if (opt.smooth_k) {  // softmax ignores q . mean, the LSE does not
+      if (k_is_smoothed(opt.recipe, opt.smooth_k)) {  // softmax ignores q . mean, the LSE not
         lse += t.scale * golden::q_dot_mean(q, i, kmean);
       }
       if (stats) {

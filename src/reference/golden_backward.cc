@@ -239,7 +239,7 @@ void run_head(const Task& t, int64_t b, int64_t h, double* dk, double* dv) {
   const Rows dout = gather_rows_f64(*t.dout, b, h);
   const Rows o = gather_rows_f64(*t.o, b, h);
   std::vector<double> kmean;
-  if (opt.smooth_k) kmean = golden::smooth_keys(&k);
+  if (k_is_smoothed(opt.recipe, opt.smooth_k)) kmean = golden::smooth_keys(&k);
   // The forward's operands, bit for bit (same functions, same inputs).
   const Operand qo = golden::prepare_qk(q, opt.recipe, opt.emulation, opt.q_tensor_scale);
   const Operand ko = golden::prepare_qk(k, opt.recipe, opt.emulation, opt.k_tensor_scale);
@@ -257,7 +257,9 @@ void run_head(const Task& t, int64_t b, int64_t h, double* dk, double* dv) {
     if (n == 0) continue;  // no keys: P, dS and this row's gradients are all zero
     golden::row_scores(qo, ko, i, n, zscale, &z);  // the forward's expression, in its order
     double row_lse = load_as_double(lse, b * lse.stride[0] + h * lse.stride[1] + i * lse.stride[2]);
-    if (opt.smooth_k) {  // the forward added scale * q . mean to the LSE, not to the scores
+    if (k_is_smoothed(
+            opt.recipe,
+            opt.smooth_k)) {  // the forward added scale * q . mean to the LSE, not to the scores
       row_lse -= t.scale * golden::q_dot_mean(q, i, kmean);
     }
     golden::backward_row_p(z, n, row_lse * std::numbers::log2e, opt, &prow);
@@ -341,7 +343,7 @@ Status golden_attention_backward(const TensorView& q, const TensorView& k, const
         sv[x] += dv_part[base + x];
       }
     }
-    if (opt.smooth_k && sh.s_k > 0) {
+    if (k_is_smoothed(opt.recipe, opt.smooth_k) && sh.s_k > 0) {
       // K was smoothed as k_j - mean(k) (the mean's BF16 rounding straight through): the chain
       // rule subtracts the mean gradient, which vanishes when each row of dS sums to zero.
       for (int64_t c = 0; c < d; ++c) {

@@ -29,7 +29,8 @@ Status validate(const ForwardOperands& in, const RecipeOptions& opt, const Tenso
   if (opt.smooth_k) {
     return Status::Invalid("smooth_k: not available on operands (the LSE correction needs q)");
   }
-  const DType code = operand_data_dtype(opt.recipe);
+  const DType code = operand_data_dtype(opt.recipe, OperandRole::kQ);
+  const DType v_code = operand_data_dtype(opt.recipe, OperandRole::kV);
   FP4ATTN_RETURN_IF_ERROR(check_rank(in.q_data, "q_data", 4, "(batch, heads, seqlen_q, head_dim)"));
   FP4ATTN_RETURN_IF_ERROR(
       check_rank(in.k_data, "k_data", 4, "(batch, kv_heads, seqlen_k, head_dim)"));
@@ -48,8 +49,8 @@ Status validate(const ForwardOperands& in, const RecipeOptions& opt, const Tenso
       in.q_scale, "q_scale", {x.b, x.h, operand_scale_tiles(x.s_q)}, DType::kF32));
   FP4ATTN_RETURN_IF_ERROR(check_contiguous_shape(
       in.k_scale, "k_scale", {x.b, x.h_kv, operand_scale_tiles(x.s_k)}, DType::kF32));
-  FP4ATTN_RETURN_IF_ERROR(check_contiguous_shape(in.v_data, "v_data",
-                                                 {x.b, x.h_kv, x.d, operand_v_pitch(x.s_k)}, code));
+  FP4ATTN_RETURN_IF_ERROR(check_contiguous_shape(
+      in.v_data, "v_data", {x.b, x.h_kv, x.d, operand_v_pitch(x.s_k)}, v_code));
   FP4ATTN_RETURN_IF_ERROR(
       check_contiguous_shape(in.v_scale, "v_scale", {x.b, x.h_kv, x.d}, DType::kF32));
   const std::initializer_list<DType> floats = {DType::kF64, DType::kF32, DType::kBF16, DType::kF16};

@@ -8,6 +8,7 @@ namespace fp4attn::golden {
 
 double operand_code_value(const TensorView& t, int64_t i) {
   if (t.dtype == DType::kBF16) return bf16_bits_to_float(t.as<const uint16_t>()[i]);
+  if (t.dtype == DType::kI8) return t.as<const int8_t>()[i];
   return e4m3_to_float(t.as<const uint8_t>()[i]);
 }
 

@@ -122,6 +122,21 @@ Operand fp8_row_block_operand(const HeadMatrix& m, int64_t block_rows) {
   return op;
 }
 
+// The int8 recipes' Q/K: INT8 codes per block_rows-token block over all columns
+// (int8_quantize_block), factor = the block's scale.
+Operand int8_row_block_operand(const HeadMatrix& m, int64_t block_rows) {
+  Operand op{m.rows, m.cols, std::vector<double>(m.rows * m.cols), std::vector<double>(m.rows)};
+  std::vector<int8_t> codes(block_rows * m.cols);
+  for (int64_t r0 = 0; r0 < m.rows; r0 += block_rows) {
+    const int64_t n_rows = std::min(block_rows, m.rows - r0);
+    const float scale =
+        int8_quantize_block(&m.x[r0 * m.cols], static_cast<int>(n_rows * m.cols), 1, codes.data());
+    for (int64_t i = 0; i < n_rows * m.cols; ++i) op.val[r0 * m.cols + i] = codes[i];
+    for (int64_t r = r0; r < r0 + n_rows; ++r) op.factor[r] = scale;
+  }
+  return op;
+}
+
 // The operand as BF16 values (the bf16 recipe), factor 1.
 Operand bf16_operand(const HeadMatrix& m, int64_t factor_len) {
   Operand op{m.rows, m.cols, std::vector<double>(m.x.size()), std::vector<double>(factor_len, 1)};
@@ -220,6 +235,8 @@ Operand prepare_qk(const HeadMatrix& m, Recipe recipe, Emulation emu, float tens
       return bf16_operand(m, m.rows);
     case Recipe::kFp8:
       return fp8_row_block_operand(m, kFp8QkBlockTokens);
+    case Recipe::kInt8:
+      return int8_row_block_operand(m, kFp8QkBlockTokens);
     case Recipe::kMxfp4:
       return mxfp4_operand(m, MxScaleRule::kRoundUp, emu);
     default:

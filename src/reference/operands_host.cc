@@ -14,10 +14,12 @@
 namespace fp4attn {
 namespace {
 
-// Writes one operand value (an exact E4M3 or BF16 value) as its code.
+// Writes one operand value (an exact E4M3, INT8 or BF16 value) as its code.
 void store_code(const TensorView& data, int64_t offset, double value) {
   if (data.dtype == DType::kBF16) {
     static_cast<uint16_t*>(data.data)[offset] = float_to_bf16_bits(static_cast<float>(value));
+  } else if (data.dtype == DType::kI8) {
+    static_cast<int8_t*>(data.data)[offset] = static_cast<int8_t>(value);  // an exact integer
   } else {
     static_cast<uint8_t*>(data.data)[offset] = float_to_e4m3(static_cast<float>(value));
   }
@@ -36,7 +38,7 @@ Status quantize_operand_host(const TensorView& x, Recipe recipe, OperandRole rol
   parallel_for(b * h, [&](int64_t bh) {
     const int64_t bi = bh / h, hi = bh % h;
     golden::HeadMatrix m = golden::gather_head(x, bi, hi);
-    if (opt.smooth_k) {
+    if (!is_v && k_is_smoothed(recipe, opt.smooth_k) && role == OperandRole::kK) {
       std::vector<double> mu = golden::smooth_keys(&m);
       for (int64_t c = 0; c < d; ++c) mean.as<float>()[bh * d + c] = static_cast<float>(mu[c]);
     }

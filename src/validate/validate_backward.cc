@@ -60,9 +60,7 @@ Status validate_backward_options(const BackwardCudaOptions& bopt) {
   return Status::Ok();
 }
 
-bool backward_needs_row_max(Recipe recipe) {
-  return recipe_p_is_exp_free(recipe);
-}
+bool backward_needs_row_max(Recipe recipe) { return recipe_p_is_exp_free(recipe); }
 
 Status validate_backward_row_max(const ForwardOptions& opt, const TensorView& row_max,
                                  const ForwardShape& sh) {

@@ -113,10 +113,11 @@ Status validate_forward_operands(const ForwardOperands& in, const ForwardOptions
                            str(sh.b));
   }
   FP4ATTN_RETURN_IF_ERROR(check_heads(sh.h, sh.h_kv));
+  const DType qk_type = operand_data_dtype(opt.recipe, OperandRole::kQ);
   FP4ATTN_RETURN_IF_ERROR(
-      check_contiguous_shape(in.q_data, "q_data", {sh.b, sh.h, sh.s_q, sh.d}, DType::kE4M3));
+      check_contiguous_shape(in.q_data, "q_data", {sh.b, sh.h, sh.s_q, sh.d}, qk_type));
   FP4ATTN_RETURN_IF_ERROR(
-      check_contiguous_shape(in.k_data, "k_data", {sh.b, sh.h_kv, sh.s_k, sh.d}, DType::kE4M3));
+      check_contiguous_shape(in.k_data, "k_data", {sh.b, sh.h_kv, sh.s_k, sh.d}, qk_type));
   FP4ATTN_RETURN_IF_ERROR(check_contiguous_shape(
       in.v_data, "v_data", {sh.b, sh.h_kv, sh.d, operand_v_pitch(sh.s_k)}, DType::kE4M3));
   FP4ATTN_RETURN_IF_ERROR(check_contiguous_shape(

@@ -23,7 +23,7 @@ Status validate_operand(const TensorView& x, Recipe recipe, OperandRole role,
   if (opt.smooth_k && role != OperandRole::kK) {
     return Status::Invalid("smooth_k: only the K operand can be smoothed");
   }
-  const DType code_type = operand_data_dtype(recipe);
+  const DType code_type = operand_data_dtype(recipe, role);
   if (role == OperandRole::kV) {
     FP4ATTN_RETURN_IF_ERROR(
         check_contiguous_shape(data, "data", {b, h, d, operand_v_pitch(s)}, code_type));
@@ -33,8 +33,9 @@ Status validate_operand(const TensorView& x, Recipe recipe, OperandRole role,
     FP4ATTN_RETURN_IF_ERROR(
         check_contiguous_shape(scale, "scale", {b, h, operand_scale_tiles(s)}, DType::kF32));
   }
-  if (opt.smooth_k)
+  if (role == OperandRole::kK && k_is_smoothed(recipe, opt.smooth_k)) {
     FP4ATTN_RETURN_IF_ERROR(check_contiguous_shape(mean, "mean", {b, h, d}, DType::kF32));
+  }
   return Status::Ok();
 }
 

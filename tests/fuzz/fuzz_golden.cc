@@ -140,7 +140,8 @@ Result run_direct(Problem& p) {
 // GoldenOverOperandsFollowsFloat64 builds them the same way).
 Result run_operands(Problem& p) {
   const Recipe r = p.opt.recipe;
-  const DType code = operand_data_dtype(r);
+  const DType code = operand_data_dtype(r, OperandRole::kQ);
+  const DType v_code = operand_data_dtype(r, OperandRole::kV);
   const int64_t width = dtype_size(code), pitch = operand_v_pitch(p.s_k);
   const int64_t tq = operand_scale_tiles(p.s_q), tk = operand_scale_tiles(p.s_k);
   std::vector<uint8_t> qd(p.b * p.h * p.s_q * p.d * width), kd(p.b * p.h_kv * p.s_k * p.d * width),
@@ -149,7 +150,7 @@ Result run_operands(Problem& p) {
   ForwardOperands in;
   in.q_data = make_view(qd.data(), code, {p.b, p.h, p.s_q, p.d});
   in.k_data = make_view(kd.data(), code, {p.b, p.h_kv, p.s_k, p.d});
-  in.v_data = make_view(vd.data(), code, {p.b, p.h_kv, p.d, pitch});
+  in.v_data = make_view(vd.data(), v_code, {p.b, p.h_kv, p.d, pitch});
   in.q_scale = make_view(qs.data(), DType::kF32, {p.b, p.h, tq});
   in.k_scale = make_view(ks.data(), DType::kF32, {p.b, p.h_kv, tk});
   in.v_scale = make_view(vs.data(), DType::kF32, {p.b, p.h_kv, p.d});

@@ -1,5 +1,6 @@
-// Block quantizers: NVFP4 (E2M1 + E4M3 scale per 16), MXFP4 (E2M1 + UE8M0 scale per 32) and FP8
-// with an FP32 scale per block. Header-only and FP4ATTN_HD, plus host tensor helpers at the end.
+// Block quantizers: NVFP4 (E2M1 + E4M3 scale per 16), MXFP4 (E2M1 + UE8M0 scale per 32), FP8
+// and INT8 with an FP32 scale per block. Header-only and FP4ATTN_HD, plus host tensor helpers at
+// the end.
 //
 // The order of the FP32 operations below is part of the contract: GPU kernels reproduce it bit
 // for bit. Each rounding op goes through the *_rn helpers, which are plain operators on the host
@@ -289,6 +290,32 @@ FP4ATTN_HD float fp8_quantize_block(const float* x, int n, int64_t stride, Fp8Fo
   float inv = detail::div_rn(fmax, amax);
   if (!detail::is_finite(inv)) inv = bits_float(detail::kFltMaxBits);
   for (int i = 0; i < n; ++i) codes[i] = float_to_fp8(detail::mul_rn(x[i * stride], inv), fmt);
+  return scale;
+}
+
+// ---- INT8 with an FP32 scale ------------------------------------------------------------------
+
+constexpr float kInt8Max = 127.f;  // symmetric: -128 is never written
+
+// Block of n values x[i * stride] (contiguous codes, i < n) as INT8 codes; returns the scale
+// (decode: x = code * scale). The int8 recipes' Q and K (numerics.md §3).
+//   amax NaN/Inf -> scale NaN, codes 0 (the NaN reaches every score of the block's tokens).
+//   amax == 0 -> scale 1, codes 0.
+//   else scale = amax / 127; inv = 127 / amax (Inf -> FLT_MAX); code = RNE(x * inv), which
+//   |x| <= amax keeps within [-127, 127] (the clamp guards the rounding of inv).
+FP4ATTN_HD float int8_quantize_block(const float* x, int n, int64_t stride, int8_t* codes) {
+  const float amax = strided_amax(x, n, stride);
+  if (!detail::is_finite(amax) || amax == 0.f) {
+    for (int i = 0; i < n; ++i) codes[i] = 0;
+    return amax == 0.f ? 1.f : bits_float(detail::kQuietNan);
+  }
+  const float scale = detail::div_rn(amax, kInt8Max);
+  float inv = detail::div_rn(kInt8Max, amax);
+  if (!detail::is_finite(inv)) inv = bits_float(detail::kFltMaxBits);
+  for (int i = 0; i < n; ++i) {
+    const float r = ::rintf(detail::mul_rn(x[i * stride], inv));  // ties to even
+    codes[i] = static_cast<int8_t>(r > kInt8Max ? kInt8Max : (r < -kInt8Max ? -kInt8Max : r));
+  }
   return scale;
 }
 

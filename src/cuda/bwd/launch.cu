@@ -186,9 +186,10 @@ Status attention_backward_cuda(const TensorView& q, const TensorView& k, const T
   if (sh.b == 0 || sh.h == 0) return Status::Ok();
 
   // The forward's operands again (same quantizers, same bytes).
-  return with_quantized_operands(q, k, v, opt, sh, stream, [&](const ForwardOperands& in) {
-    return run_backward(in, opt, o, lse, dout, dq, dk, dv, bopt, row_max, sh, stream);
-  });
+  return with_quantized_operands(
+      q, k, v, opt, sh, stream, [&](const ForwardOperands& in, const TensorView&) {
+        return run_backward(in, opt, o, lse, dout, dq, dk, dv, bopt, row_max, sh, stream);
+      });
 }
 
 }  // namespace fp4attn

@@ -27,15 +27,15 @@ struct NoPDump {
   static constexpr bool kOn = false;
 };
 
-template <int D, int PM, int N, class Dump>
+template <int D, int PM, int N, bool kS8, class Dump>
 __device__ void consume(const FwdParams& p, FwdSmem<D, PM, N>& sm, int cw, const Dump& dump) {
   Ring ring;
   int q_uses = 0;
   for (int t = blockIdx.x; t < num_tiles(p); t += gridDim.x) {
     const Tile tile = tile_at(p, t);
     const int n_blocks = key_blocks<N>(p, tile.m_tile * kBlockM);
-    consume_tile<D, PM, N>(p, sm, cw, tile.batch, tile.head, tile.head / (p.h / p.h_kv),
-                           tile.m_tile, n_blocks, ring, q_uses, dump);
+    consume_tile<D, PM, N, kS8>(p, sm, cw, tile.batch, tile.head, tile.head / (p.h / p.h_kv),
+                                tile.m_tile, n_blocks, ring, q_uses, dump);
     ring.it += n_blocks;
     q_uses += n_blocks > 0;
   }
@@ -43,8 +43,9 @@ __device__ void consume(const FwdParams& p, FwdSmem<D, PM, N>& sm, int cw, const
   if (p.o_tma && threadIdx.x % 128 == 0) bulk_wait_read();
 }
 
-// The kernel body, shared by the production kernel and the P-dump kernel of the tests.
-template <int D, int PM, int N, class Dump>
+// The kernel body, shared by the production kernel and the P-dump kernel of the tests. kS8: Q and
+// K are INT8 (the int8 recipes), else E4M3.
+template <int D, int PM, int N, bool kS8 = false, class Dump>
 __device__ __forceinline__ void fwd_body(const FwdParams& p, const Dump& dump) {
   extern __shared__ uint8_t smem_raw[];
   auto& sm = *reinterpret_cast<FwdSmem<D, PM, N>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
@@ -75,14 +76,14 @@ __device__ __forceinline__ void fwd_body(const FwdParams& p, const Dump& dump) {
     if (threadIdx.x == 0) produce<D, PM, N>(p, sm);
   } else {
     setmaxnreg_inc<240>();
-    consume<D, PM, N>(p, sm, wg - 1, dump);
+    consume<D, PM, N, kS8>(p, sm, wg - 1, dump);
   }
 }
 
 // Persistent: gridDim.x CTAs (at most one per SM) walk the tiles of tile_at().
-template <int D, int PM, int N>
-__global__ void __launch_bounds__(kThreads, 1) fwd_fp8_kernel(const __grid_constant__ FwdParams p) {
-  fwd_body<D, PM, N>(p, NoPDump{});
+template <int D, int PM, int N, bool kS8>
+__global__ void __launch_bounds__(kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
+  fwd_body<D, PM, N, kS8>(p, NoPDump{});
 }
 
 }  // namespace fp4attn::sm90

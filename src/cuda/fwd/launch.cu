@@ -11,6 +11,7 @@
 
 #include "cuda/fwd/launch.cuh"
 #include "cuda/fwd/setup.h"
+#include "cuda/fwd/smooth_lse.h"
 #include "cuda/quantize/operand_scratch.h"
 #include "cuda/sm90/cuda_status.h"
 #include "cuda/sm90/tensor_map.h"
@@ -156,6 +157,11 @@ Status attention_forward_operands_cuda(const ForwardOperands& in, const ForwardO
   FP4ATTN_RETURN_IF_ERROR(check_forward_device());
   if (sh.b == 0 || sh.h == 0 || sh.s_q == 0) return Status::Ok();
 
+  if (recipe_qk_is_int8(opt.recipe)) {
+    return sm90::forward_p_mode(opt.recipe) == sm90::kPCodes
+               ? sm90::launch_forward<sm90::kPCodes, true>(in, opt, sh, o, lse, row_max, stream)
+               : sm90::launch_forward<sm90::kPExp2, true>(in, opt, sh, o, lse, row_max, stream);
+  }
   switch (sm90::forward_p_mode(opt.recipe)) {
     case sm90::kPCodes:
       return sm90::launch_forward<sm90::kPCodes>(in, opt, sh, o, lse, row_max, stream);
@@ -177,9 +183,14 @@ Status attention_forward_cuda(const TensorView& q, const TensorView& k, const Te
   FP4ATTN_RETURN_IF_ERROR(check_forward_device());
   if (sh.b == 0 || sh.h == 0 || sh.s_q == 0) return Status::Ok();
 
-  return with_quantized_operands(q, k, v, opt, sh, stream, [&](const ForwardOperands& in) {
-    return attention_forward_operands_cuda(in, opt, o, lse, stream, row_max);
-  });
+  return with_quantized_operands(
+      q, k, v, opt, sh, stream, [&](const ForwardOperands& in, const TensorView& k_mean) {
+        FP4ATTN_RETURN_IF_ERROR(attention_forward_operands_cuda(in, opt, o, lse, stream, row_max));
+        if (!k_mean.defined() || !lse.defined() || sh.s_k == 0) return Status::Ok();
+        const double scale =
+            opt.softmax_scale > 0 ? opt.softmax_scale : 1.0 / std::sqrt(double(sh.d));
+        return sm90::add_smooth_k_lse(q, k_mean, scale, lse, stream);
+      });
 }
 
 Status attention_forward_varlen_cuda(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -13,9 +13,9 @@
 
 namespace fp4attn::sm90 {
 
-template <int D, int PM, int N>
+template <int D, int PM, int N, bool kS8>
 Status launch_kernel(const FwdParams& p, cudaStream_t stream) {
-  auto kernel = fwd_fp8_kernel<D, PM, N>;
+  auto kernel = fwd_kernel<D, PM, N, kS8>;
   constexpr int smem = fwd_smem_bytes<D, PM, N>();
   FP4ATTN_RETURN_IF_ERROR(set_forward_smem(reinterpret_cast<const void*>(kernel), smem));
   dim3 grid;
@@ -25,8 +25,9 @@ Status launch_kernel(const FwdParams& p, cudaStream_t stream) {
 }
 
 // Operands, options and shape as validate_forward_operands left them (b, h, s_q > 0). fp4-direct
-// and nvfp4-all run 128-key blocks only (one kernel fewer per head dim each).
-template <int PM>
+// and nvfp4-all run 128-key blocks only (one kernel fewer per head dim each). kS8: INT8 Q and K
+// (the int8 recipes; exp2 and code-map P only).
+template <int PM, bool kS8 = false>
 Status launch_forward(const ForwardOperands& in, const ForwardOptions& opt, const ForwardShape& sh,
                       const TensorView& o, const TensorView& lse, const TensorView& row_max,
                       cudaStream_t stream) {
@@ -36,11 +37,11 @@ Status launch_forward(const ForwardOperands& in, const ForwardOptions& opt, cons
   FwdParams p;
   FP4ATTN_RETURN_IF_ERROR(
       make_forward_params(in, opt, sh, o, lse, row_max, wide ? kWideN : kNarrowN, &p));
-  if (d == 128) return launch_kernel<128, PM, kNarrowN>(p, stream);
+  if (d == 128) return launch_kernel<128, PM, kNarrowN, kS8>(p, stream);
   if constexpr (kHasWide) {
-    if (wide) return launch_kernel<64, PM, kWideN>(p, stream);
+    if (wide) return launch_kernel<64, PM, kWideN, kS8>(p, stream);
   }
-  return launch_kernel<64, PM, kNarrowN>(p, stream);
+  return launch_kernel<64, PM, kNarrowN, kS8>(p, stream);
 }
 
 }  // namespace fp4attn::sm90

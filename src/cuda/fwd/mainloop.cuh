@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "cuda/fwd/config.h"
 #include "cuda/fwd/epilogue.cuh"
@@ -12,6 +14,7 @@
 #include "cuda/fwd/scheduler.cuh"
 #include "cuda/sm90/ptx.cuh"
 #include "cuda/sm90/wgmma_fp8.cuh"
+#include "cuda/sm90/wgmma_s8.cuh"
 
 namespace fp4attn::sm90 {
 
@@ -51,10 +54,17 @@ __device__ void produce(const FwdParams& p, FwdSmem<D, PM, N>& sm) {
 // is __syncthreads).
 constexpr int kTurnBarrier = 1;
 
-template <int D, int SN>
-__device__ __forceinline__ void issue_qk(float (&s)[SN], uint64_t desc_q, uint64_t desc_k) {
+// S = Q K^T over E4M3 operands into FP32, or INT8 operands into S32 (the int8 recipes).
+template <int D, int SN, class Acc>
+__device__ __forceinline__ void issue_qk(Acc (&s)[SN], uint64_t desc_q, uint64_t desc_k) {
 #pragma unroll
-  for (int kk = 0; kk < D / 32; ++kk) wgmma_ss<2 * SN>(s, desc_q + 2 * kk, desc_k + 2 * kk, kk > 0);
+  for (int kk = 0; kk < D / 32; ++kk) {
+    if constexpr (std::is_same_v<Acc, uint32_t>) {
+      wgmma_ss_s8<2 * SN>(s, desc_q + 2 * kk, desc_k + 2 * kk, kk > 0);
+    } else {
+      wgmma_ss<2 * SN>(s, desc_q + 2 * kk, desc_k + 2 * kk, kk > 0);
+    }
+  }
   wgmma_commit();
 }
 
@@ -71,8 +81,9 @@ __device__ __forceinline__ void issue_pv(float (&o)[ON], const uint32_t (&pa)[PS
 }
 
 // Consumer warpgroup cw's tile: its pipeline over the tile's n_blocks key blocks, then its
-// epilogue. Dump: the P-dump hook of the tests (NoPDump in the library's kernels).
-template <int D, int PM, int N, class Dump>
+// epilogue. kS8: Q and K are INT8 (the int8 recipes). Dump: the P-dump hook of the tests (NoPDump
+// in the library's kernels).
+template <int D, int PM, int N, bool kS8, class Dump>
 __device__ void consume_tile(const FwdParams& p, FwdSmem<D, PM, N>& sm, int cw, int batch, int head,
                              int kv_head, int m_tile, int n_blocks, const Ring& ring, int q_uses,
                              const Dump& dump) {
@@ -137,6 +148,26 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D, PM, N>& sm, int cw, 
     };
 
     float s[kSN];
+    // INT8 S accumulates in S32 registers; the FP32 path accumulates in s itself.
+    uint32_t s_int[kS8 ? kSN : 1];
+    auto issue_s = [&](uint64_t desc_k) {
+      if constexpr (kS8) {
+        issue_qk<D, kSN>(s_int, desc_q, desc_k);
+      } else {
+        issue_qk<D, kSN>(s, desc_q, desc_k);
+      }
+    };
+    // After the S GEMM's wait: the scores as FP32 values in s (the INT8 sums over d <= 128 fit
+    // in 2^21, so s32_bits_to_float is exact).
+    auto scores_ready = [&] {
+      if constexpr (kS8) {
+        fence_regs(s_int);
+#pragma unroll
+        for (int i = 0; i < kSN; ++i) s[i] = s32_bits_to_float(s_int[i]);
+      } else {
+        fence_regs(s);
+      }
+    };
     uint32_t pa[kPSteps][4];
     float alpha[2], c[2];
     uint64_t dv[kPSteps / 4];
@@ -144,11 +175,11 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D, PM, N>& sm, int cw, 
     mbar_wait(&sm.full[ring.stage(0)], ring.parity(0));
     turn_begin();
     wgmma_fence();
-    issue_qk<D, kSN>(s, desc_q, make_kmajor_desc(sm.k[ring.stage(0)], D));
+    issue_s(make_kmajor_desc(sm.k[ring.stage(0)], D));
     turn_end(false);
     score_factors(0, c);
     wgmma_wait<0>();
-    fence_regs(s);
+    scores_ready();
     p_values<PM, kOnes>(s, st, c, edge_block(0), 0, t, rows, mask, alpha);
     pack<PM>(s, pa);
     if constexpr (Dump::kOn) dump.template block<N>(p, bh, rows, t, 0, pa, st.m);
@@ -161,12 +192,12 @@ __device__ void consume_tile(const FwdParams& p, FwdSmem<D, PM, N>& sm, int cw, 
       v_descs(prev, dv);
       turn_begin();
       wgmma_fence();
-      issue_qk<D, kSN>(s, desc_q, make_kmajor_desc(sm.k[stage], D));
+      issue_s(make_kmajor_desc(sm.k[stage], D));
       issue_pv<D, kPSteps, kON>(o, pa, dv);
       turn_end(false);
       // S_j is ready while PV_{j-1} may still run: the softmax overlaps it.
       wgmma_wait<1>();
-      fence_regs(s);
+      scores_ready();
       const int n0 = j * N;
       p_values<PM, kOnes>(s, st, c, edge_block(n0), n0, t, rows, mask, alpha);
       wgmma_wait<0>();

@@ -11,8 +11,10 @@ namespace fp4attn {
 Status quantize_operand_cuda(const TensorView& x, Recipe recipe, OperandRole role,
                              const OperandOptions& opt, const TensorView& data,
                              const TensorView& scale, const TensorView& mean, cudaStream_t stream) {
+  OperandOptions o = opt;  // the int8 recipes' K is smoothed whatever opt says
+  o.smooth_k = role == OperandRole::kK && k_is_smoothed(recipe, opt.smooth_k);
   FP4ATTN_RETURN_IF_ERROR(
-      validate_operand(x, recipe, role, opt, data, scale, mean, {DType::kBF16, DType::kF16}));
+      validate_operand(x, recipe, role, o, data, scale, mean, {DType::kBF16, DType::kF16}));
   // The kernels read x in 16-byte vectors along head_dim.
   if (reinterpret_cast<uintptr_t>(x.data) % 16 != 0) {
     return Status::Invalid("x: data pointer must be 16-byte aligned");
@@ -28,9 +30,9 @@ Status quantize_operand_cuda(const TensorView& x, Recipe recipe, OperandRole rol
   // are 1 then, as the host reference writes).
   if (x.shape[0] == 0 || x.shape[2] == 0) return Status::Ok();
   if (role == OperandRole::kV) {
-    return detail::quantize_v_operand_cuda(x, recipe, opt, data, scale, stream);
+    return detail::quantize_v_operand_cuda(x, recipe, o, data, scale, stream);
   }
-  return detail::quantize_qk_operand_cuda(x, recipe, opt, data, scale, mean, stream);
+  return detail::quantize_qk_operand_cuda(x, recipe, o, data, scale, mean, stream);
 }
 
 }  // namespace fp4attn

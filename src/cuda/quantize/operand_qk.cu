@@ -1,4 +1,5 @@
-// Q/K kernel operands on the GPU (operands.h layouts): data [b, h, s, d] E4M3 (BF16 for bf16),
+// Q/K kernel operands on the GPU (operands.h layouts): data [b, h, s, d] E4M3 (BF16 for bf16,
+// INT8 for the int8 recipes),
 // scale FP32 [b, h, ceil(s / 128)], optional K mean [b, h, d]. The bytes equal
 // quantize_operand_host's: every rounding goes through the FP4ATTN_HD functions of formats.h /
 // quantize.h, in the order of golden_operands.cc. This file launches the passes (all on
@@ -13,9 +14,9 @@
 //      slice's largest (the MX exponent is non-decreasing in the block amax)
 //      (operand_qk_slice_max.cuh).
 //   3. quantize: one thread per 16-element NVFP4 block (32 for MX, 16 values for bf16), two
-//      16-byte loads, the HD block quantizer, the folded E4M3 bytes in 16-byte stores; fp8: one
-//      CTA per 128-token tile (amax over the whole 128 x d tile in shared memory, then codes;
-//      operand_qk_fp8.cuh). fold_table_kernel first (operand_qk_tables.cuh); NVFP4:
+//      16-byte loads, the HD block quantizer, the folded E4M3 bytes in 16-byte stores; fp8 and
+//      int8: one CTA per 128-token tile (amax over the whole 128 x d tile in shared memory, then
+//      codes; operand_qk_fp8.cuh). fold_table_kernel first (operand_qk_tables.cuh); NVFP4:
 //      nvfp4_slice_setup_kernel (s_enc, 8 / s_enc and the scale table per slice, so the block
 //      kernel has no division), then nvfp4_operand_kernel (up to 8 blocks per thread), and
 //      nvfp4_operand_generic_kernel for slices without a finite table (operand_qk_nvfp4.cuh);
@@ -120,11 +121,16 @@ Status launch_nvfp4_operand(const Launch& l, const uint32_t* slice_max, float te
 template <bool kF16, int kD>
 Status run_passes(const Launch& l, Recipe recipe, float tensor_scale, void* data, float* scale) {
   const XArgs& a = l.a;
-  if (operand_recipe(recipe) == Recipe::kFp8) {
-    fp8_tile_kernel<kF16, kD>
-        <<<slice_grid(operand_scale_tiles(a.s), a.nbh), kThreads, 0, l.stream>>>(
-            a, l.mean, static_cast<uint8_t*>(data), scale);
-    return cuda_status(cudaGetLastError(), "fp8_tile_kernel launch");
+  const Recipe op = operand_recipe(recipe);
+  if (op == Recipe::kFp8 || op == Recipe::kInt8) {
+    const dim3 grid = slice_grid(operand_scale_tiles(a.s), a.nbh);
+    uint8_t* d = static_cast<uint8_t*>(data);
+    if (op == Recipe::kInt8) {
+      tile_kernel<kF16, kD, true><<<grid, kThreads, 0, l.stream>>>(a, l.mean, d, scale);
+    } else {
+      tile_kernel<kF16, kD, false><<<grid, kThreads, 0, l.stream>>>(a, l.mean, d, scale);
+    }
+    return cuda_status(cudaGetLastError(), "tile_kernel launch");
   }
   if (recipe == Recipe::kBf16) {
     const int64_t units = a.s * (kD / kNvfp4Block);

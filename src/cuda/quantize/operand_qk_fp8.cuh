@@ -1,5 +1,5 @@
-// Pass 3 of the Q/K quantizer for the fp8 recipe: fp8_tile_kernel, one CTA per 128-token tile
-// (the scale is the tile's amax over all of d).
+// Pass 3 of the Q/K quantizer for the fp8 and int8 recipes: tile_kernel, one CTA per 128-token
+// tile (the scale is the tile's amax over all of d).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,13 +15,27 @@
 
 namespace fp4attn::detail::qk_operand {
 
-// fp8: one CTA per (b, h, 128-token tile); fp8_quantize_block over the whole tile (all of d):
-// scale = amax / 448, code = E4M3(x * (448 / amax)); amax 0 -> scale 1, codes 0; NaN/Inf ->
-// scale NaN, codes 0x7F.
-template <bool kF16, int kD>
+// Four INT8 codes RNE(x * inv), clamped to +-127 as int8_quantize_block, in one word.
+__device__ __forceinline__ uint32_t int8x4(float x0, float x1, float x2, float x3, float inv) {
+  const float x[4] = {x0, x1, x2, x3};
+  uint32_t w = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = min(max(__float2int_rn(__fmul_rn(x[i], inv)), -127), 127);
+    w |= (uint32_t(c) & 0xFFu) << (8 * i);
+  }
+  return w;
+}
+
+// One CTA per (b, h, 128-token tile), the block rule over the whole tile (all of d):
+// fp8 (fp8_quantize_block): scale = amax / 448, code = E4M3(x * (448 / amax)); NaN/Inf ->
+// scale NaN, codes 0x7F. kInt8 (int8_quantize_block): scale = amax / 127, code = RNE(x * (127 /
+// amax)); NaN/Inf -> scale NaN, codes 0. Both: amax 0 -> scale 1, codes 0.
+template <bool kF16, int kD, bool kInt8>
 __global__ void __launch_bounds__(kThreads, kD == 128 ? 3 : 4)
-    fp8_tile_kernel(XArgs a, const float* __restrict__ mean, uint8_t* __restrict__ data,
-                    float* __restrict__ scale) {
+    tile_kernel(XArgs a, const float* __restrict__ mean, uint8_t* __restrict__ data,
+                float* __restrict__ scale) {
+  constexpr float kMax = kInt8 ? kInt8Max : kE4m3Max;
   constexpr int kNb = kD / kNvfp4Block;
   constexpr int kPerThread = kOperandTileTokens * kNb / kThreads;
   static_assert(kPerThread * kThreads == kOperandTileTokens * kNb);
@@ -66,8 +80,8 @@ __global__ void __launch_bounds__(kThreads, kD == 128 ? 3 : 4)
       if (!finite) {
         sc = bits_float(detail::kQuietNan);
       } else if (amax != 0.f) {
-        sc = detail::div_rn(amax, kE4m3Max);
-        inv = detail::div_rn(kE4m3Max, amax);
+        sc = detail::div_rn(amax, kMax);
+        inv = detail::div_rn(kMax, amax);
         if (!detail::is_finite(inv)) inv = bits_float(detail::kFltMaxBits);
       }
 #pragma unroll
@@ -84,10 +98,15 @@ __global__ void __launch_bounds__(kThreads, kD == 128 ? 3 : 4)
           uint32_t o[4];
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
-            const uint32_t wq = operand_fast::e4m3x4_finite(
-                __fmul_rn(v[4 * q], inv), __fmul_rn(v[4 * q + 1], inv),
-                __fmul_rn(v[4 * q + 2], inv), __fmul_rn(v[4 * q + 3], inv));
-            o[q] = !finite ? 0x7F7F7F7Fu : amax == 0.f ? 0u : wq;
+            if constexpr (kInt8) {
+              const uint32_t wq = int8x4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3], inv);
+              o[q] = !finite || amax == 0.f ? 0u : wq;
+            } else {
+              const uint32_t wq = operand_fast::e4m3x4_finite(
+                  __fmul_rn(v[4 * q], inv), __fmul_rn(v[4 * q + 1], inv),
+                  __fmul_rn(v[4 * q + 2], inv), __fmul_rn(v[4 * q + 3], inv));
+              o[q] = !finite ? 0x7F7F7F7Fu : amax == 0.f ? 0u : wq;
+            }
           }
           *reinterpret_cast<uint4*>(data + (bh * a.s + token) * kD + blk * kNvfp4Block) =
               make_uint4(o[0], o[1], o[2], o[3]);

@@ -15,11 +15,12 @@
 namespace fp4attn {
 
 // Allocates the operands of shape sh (cudaMallocAsync), quantizes q, k, v with opt.recipe on
-// `stream`, calls use(operands), and frees the scratch on `stream` (usable again once the
-// queued work ends). Returns the first error.
+// `stream`, calls use(operands, k_mean), and frees the scratch on `stream` (usable again once
+// the queued work ends). k_mean: FP32 [b, h_kv, d], the mean K was smoothed by where the recipe
+// smooths K (recipe_smooths_k), undefined otherwise. Returns the first error.
+using OperandUse = std::function<Status(const ForwardOperands&, const TensorView& k_mean)>;
 Status with_quantized_operands(const TensorView& q, const TensorView& k, const TensorView& v,
                                const ForwardOptions& opt, const ForwardShape& sh,
-                               cudaStream_t stream,
-                               const std::function<Status(const ForwardOperands&)>& use);
+                               cudaStream_t stream, const OperandUse& use);
 
 }  // namespace fp4attn

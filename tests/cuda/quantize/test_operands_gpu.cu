@@ -211,7 +211,7 @@ int64_t scale_count(const Case& c) {
 // The output views of a case over the given pointers.
 void output_views(const Case& c, void* data, void* scale, void* mean, TensorView* dv,
                   TensorView* sv, TensorView* mv) {
-  const DType code = c.recipe == Recipe::kBf16 ? DType::kBF16 : DType::kE4M3;
+  const DType code = operand_data_dtype(c.recipe, c.role);
   if (c.role == OperandRole::kV) {
     *dv = make_view(data, code, {c.b, c.h, c.d, operand_v_pitch(c.s)});
     *sv = make_view(scale, DType::kF32, {c.b, c.h, c.d});
@@ -267,7 +267,9 @@ OperandOptions options(const Case& c) {
 }
 
 // Runs the host reference and the GPU (twice, with different output poison) and compares.
-void check_case(const Case& c, uint32_t seed) {
+void check_case(Case c, uint32_t seed) {
+  // The int8 recipes' K is smoothed whatever the options say: both sides then write a mean.
+  c.smooth = c.smooth || (c.role == OperandRole::kK && recipe_smooths_k(c.recipe));
   SCOPED_TRACE(c.str());
   const Input in = make_input(c, seed);
   // Host reference (outputs pre-filled with another poison: a byte neither side writes shows).
@@ -309,7 +311,8 @@ void check_case(const Case& c, uint32_t seed) {
 
 bool is_nvfp4_scaled(Recipe r, OperandRole role) {
   if (role == OperandRole::kV) return r == Recipe::kNvfp4All;
-  return r != Recipe::kBf16 && r != Recipe::kFp8 && r != Recipe::kMxfp4;
+  Nvfp4ScaleRule rule;
+  return operand_nvfp4_rule(r, role, &rule);
 }
 
 struct Shape {
@@ -349,7 +352,8 @@ void adversarial(Recipe recipe, std::initializer_list<std::pair<OperandRole, boo
     for (auto [role, smooth] : roles) {
       // Random bits put NaNs of several payloads into one channel; which one x86 propagates
       // through the K mean's sum depends on the host compiler's operand order.
-      if (p == Pattern::kRandomBits && smooth) continue;
+      const bool smoothed = smooth || (role == OperandRole::kK && recipe_smooths_k(recipe));
+      if (p == Pattern::kRandomBits && smoothed) continue;
       for (DType dtype : {DType::kBF16, DType::kF16}) {
         for (int64_t d : {64, 128}) {
           for (float ts : {0.f, 8.f}) {
