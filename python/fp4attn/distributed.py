@@ -165,7 +165,7 @@ def _local_checks(q, k, v, softmax_scale, causal, recipe, layout, zigzag):
         scale = _checks.check_softmax_scale(softmax_scale)
         _checks.check_bool(causal, "causal")
         _checks.check_bool(zigzag, "zigzag")
-        _checks.check_recipe(recipe)
+        _check_ring_recipe(recipe)
         seq = 1 if layout == "bshd" else 2
         if k.shape[seq] != q.shape[seq]:
             raise ValueError(
@@ -410,11 +410,20 @@ def merge_partials(o, lse, o_part, lse_part):
 ALIGN = 16  # every part of a message starts 16-byte aligned (the kernels' TMA and vector loads)
 
 
+def _check_ring_recipe(recipe: str) -> None:
+    _checks.check_recipe(recipe)
+    if recipe in _layout.SMOOTHS_K:  # a K mean over the whole sequence is not a shard's
+        raise UnsupportedError(
+            f"recipe: {recipe!r} smooths K by its mean over the sequence, which the ring's "
+            "per-shard quantization does not compute; use fp8 or fp8-fast"
+        )
+
+
 def wire_formats(recipe: str) -> dict:
     """What a ring message carries for K and V under `recipe`: "nvfp4" / "mxfp4" (packed FP4:
     E2M1 nibbles and row-major block scales, folded into the kernel operand on arrival without
     requantizing) or "operand" (the kernel operand bytes). docs/distributed.md has the sizes."""
-    _checks.check_recipe(recipe)
+    _check_ring_recipe(recipe)
     k_rule, v_rule = _layout.fp4_rule(recipe, "k"), _layout.fp4_rule(recipe, "v")
     v_nvfp4 = v_rule is not None and v_rule[0] == "nvfp4"  # what _pack_v makes
     return {"k": k_rule[0] if k_rule else "operand", "v": "nvfp4" if v_nvfp4 else "operand"}

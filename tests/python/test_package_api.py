@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import fp4attn
-from package_util import lse_ref, qkv, rel_l2, sdpa_bshd, tolerance
+from package_util import QUANTIZED_RECIPES, lse_ref, qkv, rel_l2, sdpa_bshd, tolerance
 
 
 @pytest.mark.parametrize("recipe", fp4attn.RECIPES)
@@ -86,7 +86,7 @@ def test_empty_inputs():
     assert o.shape == (1, 0, 4, 64) and lse.shape == (1, 4, 0)
 
 
-@pytest.mark.parametrize("recipe", fp4attn.RECIPES)
+@pytest.mark.parametrize("recipe", QUANTIZED_RECIPES)
 @pytest.mark.parametrize("causal", [False, True])
 def test_quantized_path_is_bit_identical_on_cpu(recipe, causal):
     q, k, v = qkv(s_q=80, s_k=144, h=4, h_kv=2, d=64, dtype=torch.bfloat16)
@@ -132,3 +132,10 @@ def test_static_tensor_scale_changes_nvfp4_operands():
     b = fp4attn.quantize_qkv(q, k, v, recipe="nvfp4", q_tensor_scale=100.0)
     assert torch.equal(a.k_data.view(torch.uint8), b.k_data.view(torch.uint8))
     torch.testing.assert_close(b.q_scale, torch.full_like(b.q_scale, 8 / 100.0))
+
+
+@pytest.mark.parametrize("recipe", ["int8", "int8-fast"])
+def test_quantize_qkv_refuses_the_recipes_that_smooth_k(recipe):
+    q, k, v = qkv(s_q=64, d=64)
+    with pytest.raises(fp4attn.UnsupportedError, match="smooths K"):
+        fp4attn.quantize_qkv(q, k, v, recipe=recipe)

@@ -11,7 +11,7 @@ from test_package_autograd import assert_close_rel, attn_grads, inputs, ref_atte
 
 import fp4attn
 from fp4attn import _C, _ops
-from package_util import lse_ref, rel_l2, tolerance
+from package_util import QUANTIZED_RECIPES, lse_ref, rel_l2, tolerance
 
 ODD = {"s_q": 9, "s_k": 21, "h": 6, "h_kv": 2, "d": 64}  # odd lengths, GQA group 3
 
@@ -36,7 +36,7 @@ def quantized_grads(q, k, v, dout, recipe, scales=(None, None, None), layout="bs
 # ---- attn_quantized's gradients are attn_func's ------------------------------------------------
 
 
-@pytest.mark.parametrize("recipe", fp4attn.RECIPES)
+@pytest.mark.parametrize("recipe", QUANTIZED_RECIPES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d_source", ["forward-o", "high-precision-o"])
 def test_attn_quantized_grads_equal_attn_func(recipe, causal, d_source):

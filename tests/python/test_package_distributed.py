@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 
 import fp4attn
 from fp4attn import distributed as fd
-from package_util import qkv
+from package_util import QUANTIZED_RECIPES, qkv
 
 DEADLINE_S = 150  # whole spawn, per world size
 COLLECTIVE_TIMEOUT_S = 60  # gloo's own timeout for one collective or recv
@@ -117,7 +117,7 @@ def _operand_check(rank, world):
     for zigzag in (False, True):
         ranges = fd.shard_ranges(OPERAND_S, world, zigzag)[rank]
         idx = torch.cat([torch.arange(a, e) for a, e in ranges])
-        for recipe in fp4attn.RECIPES:
+        for recipe in QUANTIZED_RECIPES:
             full = fp4attn.quantize_qkv(q, k, v, recipe=recipe)
             for x, role in ((q, "q"), (k, "k"), (v, "v")):
                 local = fd.shard(x, zigzag=zigzag)
@@ -376,7 +376,7 @@ def test_packed_messages_fold_to_the_shard_operands(world_size):
             idx = torch.cat([torch.arange(a, e) for a, e in ranges])
             kl, vl = k.index_select(1, idx), v.index_select(1, idx)
             n = kl.shape[1]
-            for recipe in fp4attn.RECIPES:
+            for recipe in QUANTIZED_RECIPES:
                 fmt = fd.wire_formats(recipe)
                 kd, ks, k_ext = fd._quantize_shard(kl, amax_k, recipe, "k")
                 vd, vs = fd.quantize_shard(vl, amax_v, recipe, "v")

@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 
 import fp4attn
 from fp4attn import distributed as fd
-from package_util import qkv, rel_l2
+from package_util import QUANTIZED_RECIPES, qkv, rel_l2
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and fp4attn._C.has_cuda()),
@@ -68,7 +68,7 @@ def inputs(c):
 # ---- one GPU: the wire format --------------------------------------------------------------
 
 
-PACKED_RECIPES = [r for r in fp4attn.RECIPES if fd.wire_formats(r)["k"] != "operand"]
+PACKED_RECIPES = [r for r in QUANTIZED_RECIPES if fd.wire_formats(r)["k"] != "operand"]
 
 
 @pytest.mark.parametrize("recipe", PACKED_RECIPES)

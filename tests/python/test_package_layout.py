@@ -28,12 +28,16 @@ def test_operand_shapes_are_the_extensions():
         data, scale = _layout.operand_shapes((2, s, 3, 64), "k")
         assert data == (2, 3, s, 64) and scale == (2, 3, _C.operand_scale_tiles(s))
     assert _layout.operand_dtype("bf16") == torch.bfloat16
-    assert all(_layout.operand_dtype(r) == torch.float8_e4m3fn for r in fp4attn.RECIPES[1:])
+    for r in fp4attn.RECIPES[1:]:
+        qk = torch.int8 if r.startswith("int8") else torch.float8_e4m3fn
+        assert _layout.operand_dtype(r, "q") == _layout.operand_dtype(r, "k") == qk
+        assert _layout.operand_dtype(r, "v") == torch.float8_e4m3fn
 
 
 def test_recipe_sets():
     assert fp4attn.RECIPES[0] == "bf16"
-    assert set(_layout.GPU_BACKWARD_RECIPES) == set(fp4attn.RECIPES) - {"bf16"}
+    assert set(_layout.GPU_BACKWARD_RECIPES) == set(fp4attn.RECIPES) - {"bf16", "int8", "int8-fast"}
+    assert set(_layout.SMOOTHS_K) == {"int8", "int8-fast"}
     assert _layout.HEAD_DIMS == (64, 128)
     assert _layout.PACKED_BLOCK == {"nvfp4": 16, "mxfp4": 32}
     # The FP4 quantizer behind each operand, as the golden model's (golden_operands.cc).

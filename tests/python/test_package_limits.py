@@ -172,6 +172,8 @@ LOWER_LIMITS = {  # recipe: (Q/K limit, V limit)
     "bf16": (1e-37, 1e-37),
     "fp8": (2e-36, 5e-36),
     "fp8-fast": (2e-36, 5e-36),
+    "int8": (2e-36, 5e-36),
+    "int8-fast": (2e-36, 5e-36),
     "nvfp4": (1e-37, 5e-36),
     "nvfp4-hx": (1e-37, 5e-36),
     "mxfp4": (1e-37, 5e-36),

@@ -1,6 +1,6 @@
-// fp4-direct's Direct-P pieces (include/fp4attn/numerics/direct_p.h): the block exponent rounds to the
-// nearest power of two, the affine surrogate stays within one E2M1 code of Q_E2M1(2^x), and
-// the paper's MXFP4 V reconstructs alpha * q / 6 within half an E2M1 step.
+// fp4-direct's Direct-P pieces (include/fp4attn/numerics/direct_p.h): the block exponent rounds to
+// the nearest power of two, the affine surrogate stays within one E2M1 code of Q_E2M1(2^x), and the
+// paper's MXFP4 V reconstructs alpha * q / 6 within half an E2M1 step.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -57,8 +57,11 @@ TEST_P(BackwardEveryRecipe, GqaSumsOverTheGroupOfRepeatedKv) {
   }
 }
 
-// dout nonzero on one row only: keys after that row's last visible key get no gradient.
+// dout nonzero on one row only: keys after that row's last visible key get no gradient. Not where
+// K is smoothed (the int8 recipes): the mean over every key moves each quantized key, so later
+// keys reach a row through it (SageAttention's smoothing has the same reach).
 TEST_P(BackwardEveryRecipe, CausalKeepsLaterKeysOutOfARowsGradients) {
+  if (recipe_smooths_k(GetParam())) GTEST_SKIP() << "K smoothed by its mean over all keys";
   Problem p;
   p.causal = true, p.h = 1, p.h_kv = 1, p.s_q = 24, p.s_k = 40;
   Inputs in = make_problem_inputs(p);
