@@ -39,8 +39,7 @@ void run_head(const HeadTask& t, int64_t b, int64_t h, RecipeStats* stats) {
   HeadMatrix q = golden::gather_head(*t.q, b, h);
   HeadMatrix k = golden::gather_head(*t.k, b, hk);
   HeadMatrix v = golden::gather_head(*t.v, b, hk);
-  std::vector<double> kmean;
-  if (k_is_smoothed(opt.recipe, opt.smooth_k)) kmean = golden::smooth_keys(&k);
+  const std::vector<double> kmean = golden::smooth_keys_as(&k, opt);
 
   const Operand qo = golden::prepare_qk(q, opt.recipe, opt.emulation, opt.q_tensor_scale);
   const Operand ko = golden::prepare_qk(k, opt.recipe, opt.emulation, opt.k_tensor_scale);

@@ -238,8 +238,7 @@ void run_head(const Task& t, int64_t b, int64_t h, double* dk, double* dv) {
   const HeadMatrix v = golden::gather_head(*t.v, b, hk);
   const Rows dout = gather_rows_f64(*t.dout, b, h);
   const Rows o = gather_rows_f64(*t.o, b, h);
-  std::vector<double> kmean;
-  if (k_is_smoothed(opt.recipe, opt.smooth_k)) kmean = golden::smooth_keys(&k);
+  const std::vector<double> kmean = golden::smooth_keys_as(&k, opt);
   // The forward's operands, bit for bit (same functions, same inputs).
   const Operand qo = golden::prepare_qk(q, opt.recipe, opt.emulation, opt.q_tensor_scale);
   const Operand ko = golden::prepare_qk(k, opt.recipe, opt.emulation, opt.k_tensor_scale);

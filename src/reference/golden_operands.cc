@@ -215,6 +215,10 @@ std::vector<double> smooth_keys(HeadMatrix* k) {
   return mean;
 }
 
+std::vector<double> smooth_keys_as(HeadMatrix* k, const RecipeOptions& opt) {
+  return k_is_smoothed(opt.recipe, opt.smooth_k) ? smooth_keys(k) : std::vector<double>{};
+}
+
 std::vector<char> finite_rows(const std::vector<double>& val, int64_t rows, int64_t cols) {
   std::vector<char> finite(rows, 1);
   for (int64_t r = 0; r < rows; ++r) {

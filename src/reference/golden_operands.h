@@ -25,6 +25,8 @@ HeadMatrix gather_head(const TensorView& t, int64_t b, int64_t h);
 // Subtracts the per-channel key mean, rounded to BF16 (a value the GPU reproduces exactly: the
 // sum is taken in double), and returns the mean.
 std::vector<double> smooth_keys(HeadMatrix* k);
+// smooth_keys where the recipe and its options smooth K (k_is_smoothed), else an empty mean.
+std::vector<double> smooth_keys_as(HeadMatrix* k, const RecipeOptions& opt);
 
 // Values the MMA consumes (E4M3 / BF16 values, or exact block-scaled products), row-major like
 // the source matrix, plus a factor per row (Q and K: per token) or per column (V: per channel).
