@@ -18,6 +18,7 @@ from ._layout import (
     E4M3,
     GPU_BACKWARD_RECIPES,
     SCALE_TILE,
+    SMOOTHS_K,
     operand_dtype,
     operand_shapes,
     v_position_of,
@@ -201,6 +202,12 @@ def fake_quantize(
     """x's operand values for `role` (what the recipe's forward multiplies), BSHD, out_dtype."""
     # The forward reads its inputs as FP32 values (numerics.md §1); so does the quantizer here.
     src = x if x.dtype in (torch.float16, torch.bfloat16, torch.float32) else x.float()
+    if role == "k" and recipe in SMOOTHS_K:
+        # The forward multiplies K minus its mean and adds q . mean back to the LSE: attention on
+        # these values (the smoothed operand plus the mean) gives its O and its LSE.
+        data, scale, mean = quantize_k_smoothed(src, recipe, tensor_scale)
+        values = dequantize_operand(data, scale, role, x.shape[1]) + mean.double()[:, None]
+        return values.to(out_dtype).contiguous()
     data, scale = quantize_operand(src, recipe, role, tensor_scale)
     return dequantize_operand(data, scale, role, x.shape[1]).to(out_dtype).contiguous()
 

@@ -4,6 +4,19 @@
 
 namespace fp4attn::py {
 
+TensorView operand_data_view(const Array& a, const char* name, Recipe recipe, OperandRole role) {
+  return to_view(a, name, operand_data_dtype(recipe, role) == DType::kE4M3);
+}
+
+ForwardOperands operand_views(const Array& q_data, const Array& q_scale, const Array& k_data,
+                              const Array& k_scale, const Array& v_data, const Array& v_scale,
+                              Recipe recipe) {
+  return {
+      operand_data_view(q_data, "q_data", recipe, OperandRole::kQ), to_view(q_scale, "q_scale"),
+      operand_data_view(k_data, "k_data", recipe, OperandRole::kK), to_view(k_scale, "k_scale"),
+      operand_data_view(v_data, "v_data", recipe, OperandRole::kV), to_view(v_scale, "v_scale")};
+}
+
 Recipe recipe_arg(const std::string& name) {
   Recipe r;
   if (parse_recipe(name, &r)) return r;

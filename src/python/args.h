@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "fp4attn/attention.h"
 #include "fp4attn/attention_bwd.h"
 #include "fp4attn/golden/paged_kv.h"
 #include "fp4attn/numerics/quantize.h"
@@ -22,6 +23,14 @@ using OptArray = std::optional<Array>;
 Recipe recipe_arg(const std::string& name);
 // "q" / "k" / "v" -> OperandRole.
 OperandRole role_arg(const std::string& name);
+// A recipe's operand data for `role` (operands.h): uint8 arrays read as E4M3 codes where that
+// data is E4M3 (float8 DLPack export is recent); INT8 and BF16 data as they are.
+TensorView operand_data_view(const Array& a, const char* name, Recipe recipe, OperandRole role);
+// The six operand tensors of an attention call over kernel operands.
+ForwardOperands operand_views(const Array& q_data, const Array& q_scale, const Array& k_data,
+                              const Array& k_scale, const Array& v_data, const Array& v_scale,
+                              Recipe recipe);
+
 // "forward-o" / "high-precision-o" -> DSource (the backward's D, docs/numerics.md §8).
 DSource d_source_arg(const std::string& name);
 

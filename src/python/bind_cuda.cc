@@ -34,7 +34,7 @@ void quantize_operand_cuda_py(const Array& x, const std::string& recipe, const s
   opt.smooth_k = smooth_k;
   const Recipe r = recipe_arg(recipe);
   throw_if_error(quantize_operand_cuda(
-      to_view(x, "x"), r, role_arg(role), opt, to_view(data, "data", r != Recipe::kBf16),
+      to_view(x, "x"), r, role_arg(role), opt, operand_data_view(data, "data", r, role_arg(role)),
       to_view(scale, "scale"), optional_view(mean, "mean"), stream_arg(stream)));
 }
 
@@ -195,10 +195,8 @@ void attention_operands_cuda(const Array& q_data, const Array& q_scale, const Ar
   if (lse) require_cuda({{&o, "o"}, {&*lse, "lse"}});
   if (row_max) require_cuda({{&o, "o"}, {&*row_max, "row_max"}});
   const ForwardOptions opt = forward_options(recipe, softmax_scale, causal);
-  const bool e4m3 = opt.recipe != Recipe::kBf16;
-  ForwardOperands in{to_view(q_data, "q_data", e4m3), to_view(q_scale, "q_scale"),
-                     to_view(k_data, "k_data", e4m3), to_view(k_scale, "k_scale"),
-                     to_view(v_data, "v_data", e4m3), to_view(v_scale, "v_scale")};
+  const ForwardOperands in =
+      operand_views(q_data, q_scale, k_data, k_scale, v_data, v_scale, opt.recipe);
   throw_if_error(attention_forward_operands_cuda(in, opt, to_view(o, "o"),
                                                  optional_view(lse, "lse"), stream_arg(stream),
                                                  optional_view(row_max, "row_max")));
@@ -252,10 +250,8 @@ void attention_backward_operands_cuda_py(
                 {&dv, "dv"}});
   if (row_max) require_cuda({{&o, "o"}, {&*row_max, "row_max"}});
   const ForwardOptions opt = forward_options(recipe, softmax_scale, causal);
-  const bool e4m3 = opt.recipe != Recipe::kBf16;
-  const ForwardOperands in{to_view(q_data, "q_data", e4m3), to_view(q_scale, "q_scale"),
-                           to_view(k_data, "k_data", e4m3), to_view(k_scale, "k_scale"),
-                           to_view(v_data, "v_data", e4m3), to_view(v_scale, "v_scale")};
+  const ForwardOperands in =
+      operand_views(q_data, q_scale, k_data, k_scale, v_data, v_scale, opt.recipe);
   BackwardCudaOptions bopt;
   bopt.deterministic = deterministic;
   bopt.d_source = d_source_arg(d_source);

@@ -48,7 +48,7 @@ void quantize_operand_host_py(const Array& x, const std::string& recipe, const s
   opt.tensor_scale = static_cast<float>(tensor_scale);
   opt.smooth_k = smooth_k;
   const Recipe r = recipe_arg(recipe);
-  const TensorView xv = to_view(x, "x"), dv = to_view(data, "data", r != Recipe::kBf16);
+  const TensorView xv = to_view(x, "x"), dv = operand_data_view(data, "data", r, role_arg(role));
   const TensorView sv = to_view(scale, "scale"), mv = optional_view(mean, "mean");
   Status st;
   {
@@ -74,10 +74,8 @@ void attention_operands_host(const Array& q_data, const Array& q_scale, const Ar
   opt.recipe = recipe_arg(recipe);
   opt.softmax_scale = softmax_scale;
   opt.causal = causal;
-  const bool e4m3 = opt.recipe != Recipe::kBf16;
-  const ForwardOperands in{to_view(q_data, "q_data", e4m3), to_view(q_scale, "q_scale"),
-                           to_view(k_data, "k_data", e4m3), to_view(k_scale, "k_scale"),
-                           to_view(v_data, "v_data", e4m3), to_view(v_scale, "v_scale")};
+  const ForwardOperands in =
+      operand_views(q_data, q_scale, k_data, k_scale, v_data, v_scale, opt.recipe);
   const TensorView ov = to_view(o, "o"), lv = optional_view(lse, "lse");
   Status st;
   {

@@ -75,8 +75,8 @@ void bind_layout(nb::module_& m) {
       "The dtype name of a role's operand data: 'float8_e4m3fn', 'int8' or 'bfloat16'.");
   m.def(
       "recipe_smooths_k",
-      [](const std::string& recipe) { return recipe_smooths_k(recipe_arg(recipe)); },
-      arg("recipe"), "Whether the recipe smooths K by its mean whatever smooth_k says (int8).");
+      [](const std::string& recipe) { return recipe_smooths_k(recipe_arg(recipe)); }, arg("recipe"),
+      "Whether the recipe smooths K by its mean whatever smooth_k says (int8).");
   m.def("operand_fp4_rule", &operand_fp4_rule, arg("recipe"), arg("role"),
         "('nvfp4' | 'mxfp4', scale rule name) of the FP4 quantizer behind a role's operand, or "
         "None (E4M3 and BF16 operands, fp4-direct's V).");

@@ -8,7 +8,7 @@ import torch
 
 import fp4attn
 from fp4attn import _C, _ops
-from package_util import QUANTIZED_RECIPES, qkv
+from package_util import QUANTIZED_RECIPES, lse_ref, qkv
 
 SMALL = {"s_q": 7, "s_k": 13, "h": 4, "h_kv": 2, "d": 64}
 EXP2_RECIPES = ("bf16", "fp8", "nvfp4", "nvfp4-hx", "mxfp4", "nvfp4-all")
@@ -334,3 +334,19 @@ def test_opcheck_fake_quantize():
     for role in "qkv":
         x = q.clone().requires_grad_(True)
         torch.library.opcheck(_ops.fake_quantize, (x, "nvfp4", role, 0.0, torch.float32))
+
+
+@pytest.mark.parametrize("recipe", ["int8", "int8-fast"])
+def test_fake_quantize_of_smoothed_k_keeps_the_lse(recipe):
+    # Keys with a large common offset: the forward multiplies K minus its mean and adds
+    # scale * q . mean back to the LSE; fake-quantized K (the smoothed operand plus the mean)
+    # must give that LSE, and without the mean it would miss by about scale * q . mean (~ 4 here).
+    q, k, v = qkv(s_q=130, s_k=200, h=2, h_kv=1, d=64, seed=7)
+    k = k + 3.0
+    _, lse = fp4attn.attn_func(q, k, v, recipe=recipe, return_lse=True)
+    fq, fk = fq64(q, recipe, "q"), fq64(k, recipe, "k")
+    # The forward's correction uses the unquantized q (numerics.md §3), these values the
+    # quantized one: (q - fq) . mean moves the LSE by up to ~0.08 here.
+    assert (lse.double() - lse_ref(fq, fk)).abs().max() < 0.15
+    smoothed_lse = lse_ref(fq, fk - k.double().mean(1, keepdim=True))
+    assert (lse.double() - smoothed_lse).abs().max() > 1.0  # the test can tell the two apart

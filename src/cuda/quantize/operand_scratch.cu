@@ -43,12 +43,10 @@ Status with_quantized_operands(const TensorView& q, const TensorView& k, const T
   in.v_scale = make_view(take(4 * vs), DType::kF32, {sh.b, sh.h_kv, sh.d});
   TensorView k_mean;
   if (smooth) k_mean = make_view(take(4 * ms), DType::kF32, {sh.b, sh.h_kv, sh.d});
-  OperandOptions k_opt;
-  k_opt.smooth_k = smooth;
   Status st =
       quantize_operand_cuda(q, opt.recipe, OperandRole::kQ, {}, in.q_data, in.q_scale, {}, stream);
   if (st.ok() && sh.s_k > 0) {
-    st = quantize_operand_cuda(k, opt.recipe, OperandRole::kK, k_opt, in.k_data, in.k_scale, k_mean,
+    st = quantize_operand_cuda(k, opt.recipe, OperandRole::kK, {}, in.k_data, in.k_scale, k_mean,
                                stream);
   }
   if (st.ok() && sh.s_k > 0) {
