@@ -1,7 +1,7 @@
 // Q/K kernel operands on the GPU (operands.h layouts): data [b, h, s, d] E4M3 (BF16 for bf16, INT8
-// for the int8 recipes), scale FP32 [b, h, ceil(s / 128)], optional K mean [b, h, d]. The bytes equal
-// quantize_operand_host's: every rounding goes through the FP4ATTN_HD functions of formats.h /
-// quantize.h, in the order of golden_operands.cc. This file launches the passes (all on
+// for the int8 recipes), scale FP32 [b, h, ceil(s / 128)], optional K mean [b, h, d]. The bytes
+// equal quantize_operand_host's: every rounding goes through the FP4ATTN_HD functions of formats.h
+// / quantize.h, in the order of golden_operands.cc. This file launches the passes (all on
 // `stream`); the kernels are in the headers named below (docs/kernels/quantize.md).
 //
 //   1. smooth_k only: the K mean per (b, h, channel), summed in double in token order as
